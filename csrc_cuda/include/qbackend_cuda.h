@@ -1,0 +1,136 @@
+/* qbackend_cuda.h: the C ABI of libqbackend_cuda.
+ *
+ * Every entry point takes raw device pointers, sizes, strides (in elements), dtype codes and a
+ * cudaStream_t passed as void*, and returns a qb_status code (QB_OK == 0). On failure it writes a
+ * NUL-terminated, human-readable message into err (at most err_len bytes, err may be NULL) and
+ * never aborts the process. Kernels run on the calling thread's current CUDA device.
+ * Nothing here depends on libtorch; the library links cudart statically and never libcuda.
+ */
+#ifndef QBACKEND_CUDA_H
+#define QBACKEND_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QB_ABI_VERSION 1
+
+typedef enum qb_status {
+  QB_OK = 0,
+  QB_ERR_INVALID_ARGUMENT = 1, /* a pointer, size, stride or code breaks a stated rule */
+  QB_ERR_UNSUPPORTED = 2,      /* valid request this build or device cannot serve */
+  QB_ERR_NOT_BUILT = 3,        /* the kernel variant was not compiled into this library */
+  QB_ERR_CUDA = 4              /* a CUDA runtime call or kernel launch failed */
+} qb_status;
+
+typedef enum qb_dtype {
+  QB_F32 = 0,
+  QB_F16 = 1,
+  QB_BF16 = 2,
+  QB_E4M3 = 3, /* float8_e4m3fn */
+  QB_E5M2 = 4, /* float8_e5m2 */
+  QB_I8 = 5,
+  QB_I32 = 6
+} qb_dtype;
+
+/* How a scale vector covers its operand. */
+typedef enum qb_scale_kind {
+  QB_SCALE_TENSOR = 0, /* one fp32 value */
+  QB_SCALE_ROW = 1     /* scale_a: one per row of A ([M], per-token); scale_b: one per column of B ([N], per-channel) */
+} qb_scale_kind;
+
+/* Kernel family to run. QB_VARIANT_AUTO picks the best one compiled for the current device. The
+ * others force a family so that PTX-embedded older-arch kernels can be verified on newer chips. */
+typedef enum qb_variant {
+  QB_VARIANT_AUTO = 0,
+  QB_VARIANT_SM90 = 90, /* sm_90a: TMA + WGMMA, warp-specialized */
+  QB_VARIANT_SM89 = 89, /* sm_89 / compute_89: mma.sync e4m3 (CUTLASS 2.x) */
+  QB_VARIANT_SM80 = 80, /* sm_80 / compute_80: cp.async, mma.sync m16n8k16 (int8 GEMM, marlin) */
+  QB_VARIANT_SM75 = 75  /* sm_75 / compute_75: mma.sync m16n8k8 / m8n8k16 (int8 GEMM, marlin) */
+} qb_variant;
+
+/* Library facts: ABI version, the compiled archs (e.g. "sm_89 sm_90a compute_75 compute_80 compute_89"),
+ * and the kernel variants present. Written as "key=value" lines into buf. Returns QB_OK. */
+int qb_build_info(char* buf, size_t buf_len);
+
+/* Nonzero when kernels of variant (for the given op: "scaled_mm_fp8", "scaled_mm_int8", "quantize",
+ * "marlin") were compiled into this library. */
+int qb_has_variant(const char* op, int variant);
+
+/* out[M, N] = (scale_a * scale_b) * (A @ B) + bias, fp32 (fp8) or int32 (int8) accumulation.
+ *   a:   [M, K] row-major, element (m, k) at a[m * lda + k]; lda >= K.
+ *   b:   [K, N] column-major, element (k, n) at b[n * ldb + k]; ldb >= K (b = w.t() of a row-major [N, K] weight).
+ *   out: [M, N] row-major, element (m, n) at out[m * ldo + n]; ldo >= N.
+ *   a_dtype == b_dtype in {QB_E4M3, QB_I8} (e5m2 mixes: QB_ERR_UNSUPPORTED unless stated by qb_has_variant).
+ *   out_dtype in {QB_BF16, QB_F16} (QB_F32 where supported).
+ *   scale_a: fp32, [1] or [M] per scale_a_kind; scale_b: fp32, [1] or [N] per scale_b_kind.
+ *   bias: NULL or [N] contiguous in out_dtype.
+ *   Rules checked (QB_ERR_INVALID_ARGUMENT): non-NULL a/b/out/scales, M >= 0, N, K > 0,
+ *   K % 16 == 0, N % 16 == 0 (fp8/int8), 16-byte aligned a, b, out, lda, ldb and ldo.
+ * M == 0 returns QB_OK and launches nothing. */
+int qb_scaled_mm(const void* a, int64_t lda, const void* b, int64_t ldb, void* out, int64_t ldo,
+                 int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int out_dtype,
+                 const float* scale_a, int scale_a_kind, const float* scale_b, int scale_b_kind,
+                 const void* bias, int variant, void* stream, char* err, size_t err_len);
+
+/* Additions (ABI 1, after the first draft):
+ *
+ * qb_scaled_mm_ws is qb_scaled_mm with a caller-provided device workspace, which lets the library
+ * split K across SMs (split-K / stream-K) when the output tiles alone would not fill the GPU
+ * (small M, or few tiles). qb_scaled_mm_workspace_size says how many bytes that takes on the
+ * current device for this problem (0: none). Passing less (or NULL) is never an error: the library
+ * then uses a plan that needs no workspace, which may be slower. The workspace is scratch for this
+ * call alone (stream-ordered: reusable once the call's kernels have run on `stream`); the library
+ * never allocates device memory itself, so both calls are CUDA-graph capturable. */
+size_t qb_scaled_mm_workspace_size(int64_t M, int64_t N, int64_t K, int a_dtype, int out_dtype, int variant);
+
+int qb_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_t ldb, void* out, int64_t ldo,
+                    int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int out_dtype,
+                    const float* scale_a, int scale_a_kind, const float* scale_b, int scale_b_kind,
+                    const void* bias, int variant, void* workspace, size_t workspace_size, void* stream,
+                    char* err, size_t err_len);
+
+/* Tuning and tests only. Kernel configs of a (resolved, non-AUTO) variant for a dtype: their
+ * count, and their names (NULL past the end). qb_scaled_mm_override forces, for the calling
+ * thread's later scaled_mm calls, a config (-1: automatic), a work decomposition for stream-K
+ * capable configs (-1 automatic, 0 data-parallel, 1 split-K, 2 stream-K, 3 CUTLASS heuristic) and
+ * a split-K factor (used with decomposition 1). qb_scaled_mm_override(-1, -1, -1) restores the
+ * automatic choice. A forced config that cannot run a problem fails with QB_ERR_UNSUPPORTED. */
+int qb_scaled_mm_config_count(int a_dtype, int variant);
+const char* qb_scaled_mm_config_name(int a_dtype, int variant, int config);
+void qb_scaled_mm_override(int config, int decomposition, int splits);
+
+/* Quantize modes. */
+typedef enum qb_quant_mode {
+  QB_QUANT_STATIC_TENSOR = 0,  /* scale is an input: one fp32 value */
+  QB_QUANT_DYNAMIC_TENSOR = 1, /* scale is an output: one fp32 value over the whole [rows, cols] tensor */
+  QB_QUANT_DYNAMIC_TOKEN = 2   /* scale is an output: one fp32 value per row ([rows]) */
+} qb_quant_mode;
+
+/* q = saturate(x / scale) with, for dynamic modes, scale = max(min(amax, *scale_ub) / qmax, 1 / (qmax * 512)).
+ * amax is the max |x| over the tensor (DYNAMIC_TENSOR) or over each row (DYNAMIC_TOKEN), in fp32.
+ * qmax: 448 (QB_E4M3), 57344 (QB_E5M2), 127 (QB_I8). The division is IEEE fp32 (round to nearest),
+ * fp8 conversion rounds to nearest even and saturates to +-qmax, int8 rounds half to even and
+ * saturates to [-128, 127]. Results are bit-identical to the reference provider.
+ *   x: [rows, cols], element (r, c) at x[r * ldx + c], x_dtype in {QB_F32, QB_F16, QB_BF16}.
+ *   q: [rows, cols], element (r, c) at q[r * ldq + c], q_dtype in {QB_E4M3, QB_E5M2, QB_I8}.
+ *   scale: fp32 device pointer: read for STATIC_TENSOR, written for the dynamic modes.
+ *   scale_ub: NULL or a device pointer to one fp32 upper bound on amax (dynamic modes only).
+ *   workspace: NULL, or for DYNAMIC_TENSOR at least qb_quantize_workspace_size() bytes of device memory.
+ * rows == 0 returns QB_OK. */
+int qb_quantize(const void* x, int64_t ldx, void* q, int64_t ldq, float* scale, int64_t rows, int64_t cols,
+                int x_dtype, int q_dtype, int mode, const float* scale_ub, void* workspace, void* stream,
+                char* err, size_t err_len);
+
+size_t qb_quantize_workspace_size(int64_t rows, int64_t cols, int mode);
+
+#ifdef __cplusplus
+}
+#endif
+
+#include "qbackend_marlin.h" /* W8A16 entry points (csrc_cuda/marlin) */
+
+#endif /* QBACKEND_CUDA_H */

@@ -1,0 +1,112 @@
+"""The cutlass provider: W8A8 FP8 (sm_89+) and INT8 (sm_75+) GEMMs with the scales and bias fused
+into the epilogue, and the CUDA quantize kernels, all from libqbackend_cuda (csrc_cuda/).
+
+QBACKEND_CUTLASS_VARIANT=90|89|80|75 forces a kernel family (for verifying the PTX-embedded older
+families on a newer chip); unset, the library picks the best family built for the device.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+import qbackend
+from qbackend import dtypes as qd
+from qbackend.problem import Granularity as G, Op, Verdict
+from qbackend.provider import Provider, Rule, granularities
+
+from . import native
+
+VARIANT_ENV = "QBACKEND_CUTLASS_VARIANT"
+CUDA = frozenset({"cuda"})
+_HALF_OUT = frozenset({torch.bfloat16, torch.float16})
+_QUANT_OUT = (qd.E4M3, qd.E5M2, torch.int8)
+_QUANT_PAIRS = frozenset((x, q) for x in qd.FLOAT_INPUT_DTYPES for q in _QUANT_OUT)
+
+# Quantize modes of the C ABI (qb_quant_mode).
+STATIC_TENSOR, DYNAMIC_TENSOR, DYNAMIC_TOKEN = 0, 1, 2
+
+
+def _fp8_variants(sm: int) -> tuple:
+    """Kernel families that can run fp8 GEMMs on compute capability `sm`, best first."""
+    return (90, 89) if sm == 90 else (89,)
+
+
+def _int8_variants(sm: int) -> tuple:
+    return (80, 75) if sm >= 80 else (75,)
+
+
+class CutlassProvider(Provider):
+    def __init__(self):
+        scales_a, scales_b = granularities("tensor", "token"), granularities("tensor", "channel")
+        super().__init__(
+            name="cutlass", priority=100,
+            description="CUTLASS W8A8 GEMMs (fp8 on sm_89+, int8 on sm_75+), CUDA quantize kernels",
+            rules=(
+                Rule(Op.SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), scales_a, scales_b,
+                     _HALF_OUT, min_sm=89, k_align=16, n_align=16, why_arch="fp8 tensor cores"),
+                Rule(Op.SCALED_MM, CUDA, frozenset({(torch.int8, torch.int8)}), scales_a, scales_b,
+                     _HALF_OUT, min_sm=75, k_align=16, n_align=16, why_arch="int8 tensor cores"),
+                Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("tensor"), min_sm=75, n_align=16),
+                Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("token"), min_sm=75, n_align=16,
+                     static=frozenset({False})),
+            ))
+        forced = os.environ.get(VARIANT_ENV, "").strip()
+        self.variant = int(forced) if forced else 0
+
+    def _kernel_op(self, problem) -> tuple[str, tuple]:
+        sm = 0
+        if problem.op is Op.QUANTIZE:
+            return "quantize", ()
+        if problem.a_dtype == torch.int8:
+            return "scaled_mm_int8", _int8_variants
+        return "scaled_mm_fp8", _fp8_variants
+
+    def runtime_verdict(self, device, problem):
+        if device.simulated:
+            return None
+        if native.load() is None:
+            return Verdict(False, f"native library not available: {native.load_error()}")
+        op, variants_for = self._kernel_op(problem)
+        if op == "quantize":
+            return None if native.has_variant(op, 0) else Verdict(False, "library built without quantize kernels")
+        wanted = (self.variant,) if self.variant else variants_for(device.sm)
+        if not any(native.has_variant(op, v) for v in wanted):
+            return Verdict(False, f"library has no {op} kernels for {device.arch} "
+                                  f"(families {', '.join(f'sm_{v}' for v in wanted)} not built)")
+        return None
+
+    def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem):
+        M, N = a.shape[0], b.shape[1]
+        out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+        native.scaled_mm(a, b, scale_a, scale_b, bias, out, variant=self.variant)
+        return out
+
+    def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):
+        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        q = torch.empty(x2.shape, dtype=dtype, device=x.device)
+        workspace = None
+        if scale is not None:
+            mode, out_scale = STATIC_TENSOR, scale
+        elif granularity == "tensor":
+            mode, out_scale = DYNAMIC_TENSOR, torch.empty((), dtype=torch.float32, device=x.device)
+            workspace = torch.empty(native.quantize_workspace_size(x2.shape[0], x2.shape[1], mode),
+                                    dtype=torch.uint8, device=x.device)
+        else:
+            mode = DYNAMIC_TOKEN
+            out_scale = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=x.device)
+        native.quantize(x2, q, out_scale, mode, scale_ub, workspace)
+        return q.reshape(x.shape), out_scale
+
+    def info(self):
+        return {"variant": self.variant or "auto"}
+
+
+@qbackend.hookimpl
+def qbackend_providers():
+    return [CutlassProvider()]
+
+
+@qbackend.hookimpl
+def qbackend_native_libraries():
+    return [native.describe()]

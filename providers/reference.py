@@ -1,0 +1,150 @@
+"""The reference provider: qbackend's semantics in plain torch, on any device, CPU included.
+
+It is the oracle every other provider is tested against, and the fallback where nothing native fits.
+fp8 products are exact in fp32, so fp8 GEMMs accumulate in fp32 (as the kernels do, in a different
+order); int8 GEMMs accumulate in float64, which is exact for every K validation admits, i.e. equal
+to int32 accumulation.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+import qbackend
+from qbackend import dtypes as qd
+from qbackend.problem import Granularity as G, Op
+from qbackend.provider import Provider, Rule, granularities
+from qbackend.scales import expand, group_size
+
+ANY_BACKEND = frozenset({"cpu", "cuda", "hip"})
+_W8A8 = [(a, b) for a in qd.FP8_OCP for b in qd.FP8_OCP] + \
+        [(a, b) for a in qd.FP8_FNUZ for b in qd.FP8_FNUZ] + [(torch.int8, torch.int8)]
+_W8A16 = [(a, b) for a in qd.ACTIVATION_DTYPES for b in qd.FP8_DTYPES]
+_QUANT = [(x, q) for x in qd.FLOAT_INPUT_DTYPES for q in qd.QUANT_DTYPES]
+
+
+def _a_scale_at(scale_a, problem, M: int, K: int, k: int) -> torch.Tensor:
+    """scale_a over rows for the K-group holding column k: a scalar or [M, 1]."""
+    s = scale_a.float()
+    if problem.scale_a is G.GROUP:
+        return s[:, k // group_size(K, s.shape[1])].reshape(M, 1)
+    return s.reshape(()) if s.numel() == 1 else s.reshape(M, 1)
+
+
+def _b_scale_at(scale_b, problem, K: int, N: int, k: int) -> torch.Tensor:
+    """scale_b over columns for the K-group holding row k: a scalar or [1, N]."""
+    s = scale_b.float()
+    if problem.scale_b is G.BLOCK:
+        row = s[k // group_size(K, s.shape[0])]
+        return row.repeat_interleave(group_size(N, s.shape[1]))[:N].reshape(1, N)
+    return s.reshape(()) if s.numel() == 1 else s.reshape(1, N)
+
+
+def _k_step(scale_a, scale_b, problem, K: int) -> int:
+    """Length of the K-chunks over which both scales are constant (K when neither is grouped)."""
+    g = K
+    if problem.scale_a is G.GROUP:
+        g = math.gcd(g, group_size(K, scale_a.shape[-1]))
+    if problem.scale_b is G.BLOCK:
+        g = math.gcd(g, group_size(K, scale_b.shape[0]))
+    return g
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dtype == torch.int8:
+        return (a.double() @ b.double()).float()
+    return a.float() @ b.float()
+
+
+def reference_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, problem) -> torch.Tensor:
+    M, K = a.shape
+    N = b.shape[1]
+    if problem.weight_only:
+        # Dequantize the weight exactly (fp8 * fp32 scale in fp32), then one fp32 GEMM.
+        out = a.float() @ (b.float() * expand(scale_b, K, N))
+    else:
+        step = _k_step(scale_a, scale_b, problem, K)
+        out = None
+        for k0 in range(0, K, step):
+            k1 = min(k0 + step, K)
+            scale = _a_scale_at(scale_a, problem, M, K, k0) * _b_scale_at(scale_b, problem, K, N, k0)
+            part = scale * _matmul(a[:, k0:k1], b[k0:k1, :])
+            out = part if out is None else out + part
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+def _amax(xf: torch.Tensor, granularity: str, group: int, block: tuple) -> torch.Tensor:
+    a = xf.abs()
+    if granularity == "tensor":
+        return a.amax()
+    if granularity in ("token", "channel"):
+        return a.amax(dim=-1, keepdim=True)
+    if granularity == "group":
+        return a.reshape(*a.shape[:-1], a.shape[-1] // group, group).amax(dim=-1)
+    rows, cols = a.shape
+    br, bc = block
+    pr, pc = -(-rows // br) * br, -(-cols // bc) * bc
+    padded = torch.nn.functional.pad(a, (0, pc - cols, 0, pr - rows))
+    return padded.reshape(pr // br, br, pc // bc, bc).amax(dim=(1, 3))
+
+
+def _expand_like(scale: torch.Tensor, x: torch.Tensor, granularity: str, block: tuple) -> torch.Tensor:
+    if granularity == "tensor":
+        return scale.reshape(())
+    if granularity in ("token", "channel"):
+        return scale
+    if granularity == "group":
+        reps = x.shape[-1] // scale.shape[-1]
+        return scale.repeat_interleave(reps, dim=-1)
+    rows, cols = x.shape
+    return scale.repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]
+
+
+def saturate_cast(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 -> dtype: fp8 rounds to nearest even after clamping to +-qmax; int8 rounds half to
+    even and saturates to [-128, 127]."""
+    if dtype == torch.int8:
+        return torch.round(v).clamp(qd.INT8_MIN, qd.INT8_MAX).to(torch.int8)
+    qmax = qd.qmax(dtype)
+    return v.clamp(-qmax, qmax).to(dtype)
+
+
+def reference_quantize(x, dtype, granularity, scale, scale_ub, group, block):
+    xf = x.float()
+    if scale is None:
+        amax = _amax(xf, granularity, group, block)
+        if scale_ub is not None:
+            amax = torch.minimum(amax, scale_ub.reshape(()))
+        scale = torch.clamp(amax / qd.qmax(dtype), min=qd.min_scale(dtype))
+    q = saturate_cast(xf / _expand_like(scale.float(), xf, granularity, block), dtype)
+    return q, scale
+
+
+class ReferenceProvider(Provider):
+    def __init__(self):
+        every_a = granularities("none", "tensor", "token", "group")
+        super().__init__(
+            name="reference", priority=0,
+            description="plain torch, any device: the exact semantics, the oracle for every test",
+            rules=(
+                Rule(Op.SCALED_MM, ANY_BACKEND, frozenset(_W8A8), every_a - {G.NONE},
+                     granularities("tensor", "channel", "block"), frozenset(qd.OUT_DTYPES)),
+                Rule(Op.SCALED_MM, ANY_BACKEND, frozenset(_W8A16), frozenset({G.NONE}),
+                     granularities("tensor", "channel", "block"), frozenset(qd.OUT_DTYPES)),
+                Rule(Op.QUANTIZE, ANY_BACKEND, frozenset(_QUANT),
+                     granularities("tensor", "token", "channel", "group", "block")),
+            ))
+
+    def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem):
+        return reference_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, problem)
+
+    def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):
+        return reference_quantize(x, dtype, granularity, scale, scale_ub, group_size, block_size)
+
+
+@qbackend.hookimpl
+def qbackend_providers():
+    return [ReferenceProvider()]

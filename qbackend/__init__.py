@@ -1,0 +1,25 @@
+"""qbackend: FP8/INT8 quantized matrix multiplication for LLM inference, on whatever GPU you have.
+
+    import qbackend
+    q, s = qbackend.quantize(x, torch.float8_e4m3fn, granularity="token")
+    y = qbackend.scaled_mm(q, w_q.t(), s, w_scale.t(), out_dtype=torch.bfloat16, bias=b)
+
+Importing qbackend registers its torch ops and nothing else: providers and plugins load on first
+use, and no GPU is initialized.
+"""
+from __future__ import annotations
+
+from .hookspecs import hookimpl
+from .problem import PROBLEM_KINDS, Granularity, Op, Problem, Verdict
+from .probe import DeviceInfo, device_info
+from .provider import Provider, Rule
+from .api import dequantize, quantize, scaled_mm
+from .registry import NoProviderError
+from .selection import explain, select, selection_table
+from .fp8 import native_fp8_dtype, to_fnuz
+
+__version__ = "0.1.0"
+
+__all__ = ["scaled_mm", "quantize", "dequantize", "select", "explain", "selection_table",
+           "device_info", "DeviceInfo", "Provider", "Rule", "Problem", "Verdict", "Granularity",
+           "Op", "PROBLEM_KINDS", "NoProviderError", "hookimpl", "native_fp8_dtype", "to_fnuz"]

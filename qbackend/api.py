@@ -1,0 +1,92 @@
+"""The public functions. Model and engine code calls these and nothing vendor-specific.
+
+In eager mode they call the implementation directly (saving the op dispatcher's overhead on the
+hot path); under torch.compile they call the registered ops, which the compiler sees as opaque
+nodes with fake implementations.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import dtypes as qd
+from . import ops
+from .scales import expand
+from .validate import _check_tensor, check_out_dtype
+
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None = None,
+              scale_b: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(scale_a * scale_b) * (a @ b) + bias, accumulated in fp32 (int32 for int8).
+
+    a: [..., M, K] row-major (any row stride), float8 / int8, or bfloat16 / float16 for
+       weight-only (W8A16) calls with scale_a=None.
+    b: [K, N] column-major (`w.t()` of a row-major [N, K] weight), float8 or int8.
+    scale_a: float32; [] or [1] per-tensor, [..., M, 1] per-token, [..., M, G] per-group along K.
+    scale_b: float32; [] or [1] per-tensor, [N] or [1, N] per-channel (`w_scale.t()`),
+       [Kb, Nb] blocks (`w_scale_inv.t()` of a [N/128, K/128] block scale).
+    out_dtype: bfloat16 (default for W8A8), float16 or float32; W8A16 defaults to a's dtype.
+    bias: [N] in out_dtype.
+    """
+    _check_tensor("scaled_mm", "a", a)
+    _check_tensor("scaled_mm", "b", b)
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias)):
+        _check_tensor("scaled_mm", name, t, allow_none=True)
+    if out_dtype is not None:
+        check_out_dtype("scaled_mm", out_dtype, torch.bfloat16)
+    if _compiling():
+        return ops.scaled_mm_op(a, b, scale_a, scale_b, out_dtype, bias)
+    return ops.scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias)
+
+
+def quantize(x: torch.Tensor, dtype: torch.dtype = qd.E4M3, granularity: str = "tensor",
+             scale: torch.Tensor | None = None, scale_ub: torch.Tensor | None = None,
+             group_size: int = 128, block_size: tuple = (128, 128)):
+    """Quantize x to `dtype`; returns (q, scale) with float32 scale.
+
+    Static when `scale` is given, dynamic otherwise: scale = max(min(amax, scale_ub) / qmax,
+    1 / (qmax * 512)) over each granule, q = saturate(x / scale) (fp8: round to nearest even;
+    int8: round half to even, saturate to [-128, 127]).
+    granularity: "tensor" (scale []), "token" ([..., 1], one per row), "channel" (a 2-D [N, K]
+    weight, [N, 1]), "group" ([..., K / group_size]), "block" (2-D [N, K], [ceil(N/bn), ceil(K/bk)]).
+    """
+    _check_tensor("quantize", "x", x)
+    _check_tensor("quantize", "scale", scale, allow_none=True)
+    _check_tensor("quantize", "scale_ub", scale_ub, allow_none=True)
+    block = tuple(block_size) if isinstance(block_size, (tuple, list)) else block_size
+    if _compiling():
+        if scale is not None:
+            if not (isinstance(block, tuple) and len(block) == 2):
+                raise ValueError(f"qbackend.quantize: block_size: must be two positive ints; got {block!r}")
+            return ops.quantize_static_op(x, dtype, granularity, scale, group_size, *block), scale
+        return ops.quantize_op(x, dtype, granularity, scale_ub, group_size, *block)
+    return ops.quantize_impl(x, dtype, granularity, scale, scale_ub, group_size, block)
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """q * scale in `dtype`, the scale's granularity read off its shape (see `quantize`)."""
+    _check_tensor("dequantize", "q", q)
+    _check_tensor("dequantize", "scale", scale)
+    if q.dtype not in qd.QUANT_DTYPES:
+        raise TypeError(f"qbackend.dequantize: q: dtype must be float8 or int8; got {qd.dtype_name(q.dtype)}")
+    if q.dim() == 0:
+        return (q.float() * scale.float().reshape(())).to(dtype)
+    rows = q.numel() // max(q.shape[-1], 1)
+    q2 = q.reshape(rows, q.shape[-1])
+    if scale.numel() == 1:
+        s2 = scale.float().reshape(1, 1)
+    elif scale.dim() == q.dim() and scale.shape[:-1] == q.shape[:-1]:
+        s2 = scale.reshape(rows, scale.shape[-1])
+    elif q.dim() == 2 and scale.dim() == 2:
+        s2 = scale
+    else:
+        raise ValueError(f"qbackend.dequantize: scale: shape {list(scale.shape)} fits no granularity "
+                         f"of q with shape {list(q.shape)}")
+    try:
+        full = expand(s2, q2.shape[0], q2.shape[1])
+    except AssertionError:
+        raise ValueError(f"qbackend.dequantize: scale: shape {list(scale.shape)} does not divide q's "
+                         f"shape {list(q.shape)} into groups") from None
+    return (q2.float() * full).to(dtype).reshape(q.shape)

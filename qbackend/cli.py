@@ -1,0 +1,155 @@
+"""`qbackend` command line: `info` (what this machine runs, and why), `explain`, `convert`."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _gib(n) -> str:
+    return f"{n / 2**30:.0f} GiB" if n else "?"
+
+
+def info_report(simulate: str | None = None) -> dict:
+    """Everything `qbackend info` prints, as a JSON-ready dict."""
+    if simulate:
+        os.environ["QBACKEND_SIMULATE"] = simulate
+    import torch
+
+    import qbackend
+    from qbackend import registry
+    from qbackend.problem import PROBLEM_KINDS
+
+    reg = registry.reload() if simulate else registry.get()
+    device = qbackend.device_info()
+    table = qbackend.selection_table(device)
+    providers = []
+    for lp in reg.loaded:
+        p = lp.provider
+        served = [kind for kind, (name, _) in table.items() if name == p.name]
+        verdicts = [qbackend.select(kind, device).verdicts for kind in PROBLEM_KINDS]
+        mine = [dict(v)[p.name] for v in verdicts]
+        ok = [v for v in mine if v.ok]
+        if p.name in reg.disabled:
+            available, reason = False, "disabled by QBACKEND_DISABLE"
+        elif ok:
+            available = True
+            reason = ("serves " + ", ".join(served)) if served else "usable; outranked for every kind"
+        else:
+            available = False
+            reasons = list(dict.fromkeys(v.reason for v in mine))
+            reason = reasons[0] if len(reasons) == 1 else "; ".join(reasons[:3])
+        providers.append({"name": p.name, "available": available, "reason": reason,
+                          "source": lp.source, "priority": p.priority,
+                          "description": p.description, "info": p.info()})
+    libs = reg.native_libraries()
+    if device.simulated:
+        for lib in libs:
+            lib["counts_as_built_for"] = device.arch
+    return {
+        "qbackend_version": qbackend.__version__, "torch_version": torch.__version__,
+        "device": device.to_json(),
+        "native_libraries": libs,
+        "providers": providers,
+        "selection": {kind: name for kind, (name, _) in table.items()},
+        "selection_reasons": {kind: reasons for kind, (_, reasons) in table.items()},
+        "forced_provider": reg.forced, "disabled_providers": sorted(reg.disabled),
+        "plugin_errors": [{"source": e.source, "stage": e.stage, "message": e.message}
+                          for e in reg.errors],
+    }
+
+
+def _print_info(r: dict) -> None:
+    d = r["device"]
+    print(f"qbackend {r['qbackend_version']}  (torch {r['torch_version']})")
+    sim = "  [simulated]" if d["simulated"] else ""
+    print(f"device: {d['name']}  arch {d['arch']}  backend {d['backend']}{sim}")
+    print(f"  probe: {d['probe']};  native fp8: {', '.join(d['fp8_dtypes']) or 'none'};  "
+          f"multiprocessors: {d['multiprocessors'] or '?'};  memory: {_gib(d['memory_bytes'])}")
+    if d["driver_version"] or d["runtime_version"]:
+        print(f"  driver: {d['driver_version'] or '?'};  torch runtime: {d['runtime_version'] or '?'}")
+    for note in d["notes"]:
+        print(f"  probe note: {note}")
+    print("native libraries:")
+    for lib in r["native_libraries"] or [{"name": "(none registered)", "loaded": False}]:
+        state = "loaded" if lib.get("loaded") else "not loaded"
+        archs = " ".join(lib.get("archs") or []) or "-"
+        extra = f"  ({lib['error']})" if lib.get("error") else ""
+        built = f"  [counts as built for {lib['counts_as_built_for']}]" if lib.get("counts_as_built_for") else ""
+        print(f"  {lib['name']}: {state}; path {lib.get('path') or '-'}; archs {archs}{extra}{built}")
+    print("providers (priority order):")
+    for p in r["providers"]:
+        mark = "yes" if p["available"] else "no "
+        print(f"  [{mark}] {p['name']:<10} {p['reason']}")
+        print(f"        from {p['source']}: {p['description']}")
+    print("selection:")
+    for kind, name in r["selection"].items():
+        print(f"  {kind:<28} -> {name or 'none'}")
+        for prov, why in r["selection_reasons"][kind].items():
+            print(f"  {'':<28}    {prov}: {why}")
+    if r["forced_provider"] or r["disabled_providers"]:
+        print(f"overrides: forced={r['forced_provider']} disabled={','.join(r['disabled_providers']) or '-'}")
+    if r["plugin_errors"]:
+        print("plugin errors (skipped):")
+        for e in r["plugin_errors"]:
+            print(f"  {e['source']}: {e['stage']}: {e['message']}")
+
+
+def _cmd_info(args) -> int:
+    report = info_report(args.simulate)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        _print_info(report)
+    return 0
+
+
+def _cmd_explain(args) -> int:
+    if args.simulate:
+        os.environ["QBACKEND_SIMULATE"] = args.simulate
+    import qbackend
+    from qbackend import registry
+
+    if args.simulate:
+        registry.reload()
+    for kind in args.kinds or qbackend.PROBLEM_KINDS:
+        print(qbackend.explain(kind))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qbackend", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="detected hardware, native libraries, providers, selection")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.add_argument("--simulate", metavar="ARCH", help="report for a simulated device "
+                      "(sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, gfx942, gfx950, cpu)")
+    info.set_defaults(func=_cmd_info)
+    explain = sub.add_parser("explain", help="every provider's verdict for problem kinds")
+    explain.add_argument("kinds", nargs="*", help="problem kinds (default: all)")
+    explain.add_argument("--simulate", metavar="ARCH")
+    explain.set_defaults(func=_cmd_explain)
+    try:
+        from .convert import add_convert_subcommand
+    except ImportError:
+        pass
+    else:
+        add_convert_subcommand(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    from .registry import NoProviderError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, NoProviderError) as exc:
+        print(f"qbackend {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""torch.library ops: what torch.compile and CUDA graphs see.
+
+`qbackend::scaled_mm`, `qbackend::quantize` (dynamic: returns q and its new scale) and
+`qbackend::quantize_static` (returns q). Each real implementation validates, picks the provider for
+the tensors' device (a cached lookup) and calls it; each fake implementation validates and returns
+empty tensors of the right shape, so errors surface at trace time too.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch.library import custom_op
+
+from . import probe, registry
+from .validate import quantize_scale_shape, validate_quantize, validate_scaled_mm
+
+
+def _flatten_a(a: torch.Tensor, scale_a: Optional[torch.Tensor]):
+    """View batched `a` [..., M, K] as [M', K] and its per-token/group scale as [M', G]."""
+    if a.dim() == 2:
+        return a, scale_a
+    a2 = a.reshape(-1, a.shape[-1])
+    if scale_a is not None and scale_a.dim() == a.dim():
+        scale_a = scale_a.reshape(-1, scale_a.shape[-1])
+    return a2, scale_a
+
+
+def scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias):
+    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)
+    lead = a.shape[:-1]
+    N = b.shape[1]
+    if a.numel() == 0:
+        return a.new_empty(tuple(lead) + (N,), dtype=problem.out_dtype)
+    a2, scale_a2 = _flatten_a(a, scale_a)
+    provider = registry.get().select(probe.device_info(a.device), problem)
+    out = provider.scaled_mm(a2, b, scale_a2, scale_b, problem.out_dtype, bias, problem)
+    return out.reshape(tuple(lead) + (N,))
+
+
+def quantize_impl(x, dtype, granularity, scale, scale_ub, group_size, block_size):
+    problem = validate_quantize(x, dtype, granularity, scale, scale_ub, group_size, block_size)
+    if x.numel() == 0:
+        shape = quantize_scale_shape(x, granularity, group_size, block_size)
+        return (torch.empty_like(x, dtype=dtype),
+                scale if scale is not None else x.new_empty(shape, dtype=torch.float32))
+    provider = registry.get().select(probe.device_info(x.device), problem)
+    return provider.quantize(x, dtype, granularity, scale, scale_ub, group_size, block_size, problem)
+
+
+@custom_op("qbackend::scaled_mm", mutates_args=())
+def scaled_mm_op(a: torch.Tensor, b: torch.Tensor, scale_a: Optional[torch.Tensor],
+                 scale_b: Optional[torch.Tensor], out_dtype: Optional[torch.dtype],
+                 bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias)
+
+
+@scaled_mm_op.register_fake
+def _scaled_mm_fake(a, b, scale_a, scale_b, out_dtype, bias):
+    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)
+    return a.new_empty(tuple(a.shape[:-1]) + (b.shape[1],), dtype=problem.out_dtype)
+
+
+@custom_op("qbackend::quantize", mutates_args=())
+def quantize_op(x: torch.Tensor, dtype: torch.dtype, granularity: str,
+                scale_ub: Optional[torch.Tensor], group_size: int, block_rows: int,
+                block_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_impl(x, dtype, granularity, None, scale_ub, group_size, (block_rows, block_cols))
+
+
+@quantize_op.register_fake
+def _quantize_fake(x, dtype, granularity, scale_ub, group_size, block_rows, block_cols):
+    block = (block_rows, block_cols)
+    validate_quantize(x, dtype, granularity, None, scale_ub, group_size, block)
+    shape = quantize_scale_shape(x, granularity, group_size, block)
+    return torch.empty_like(x, dtype=dtype), x.new_empty(shape, dtype=torch.float32)
+
+
+@custom_op("qbackend::quantize_static", mutates_args=())
+def quantize_static_op(x: torch.Tensor, dtype: torch.dtype, granularity: str, scale: torch.Tensor,
+                       group_size: int, block_rows: int, block_cols: int) -> torch.Tensor:
+    return quantize_impl(x, dtype, granularity, scale, None, group_size, (block_rows, block_cols))[0]
+
+
+@quantize_static_op.register_fake
+def _quantize_static_fake(x, dtype, granularity, scale, group_size, block_rows, block_cols):
+    validate_quantize(x, dtype, granularity, scale, None, group_size, (block_rows, block_cols))
+    return torch.empty_like(x, dtype=dtype)

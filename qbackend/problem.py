@@ -1,0 +1,110 @@
+"""What a call asks for, reduced to the facts that decide which provider can serve it.
+
+A Problem is small, frozen and hashable: the registry caches its decision per (device, Problem), so
+the per-call cost of selection is one dict lookup. Shapes enter only through their alignment class.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from . import dtypes as qd
+
+
+class Granularity(str, enum.Enum):
+    NONE = "none"          # no scale (W8A16 activations)
+    TENSOR = "tensor"      # one scale
+    TOKEN = "token"        # scale_a: one per row of A, [M, 1]
+    CHANNEL = "channel"    # scale_b: one per output column, [1, N] or [N]
+    GROUP = "group"        # scale_a: [M, K/g], groups of g along K (1 x g)
+    BLOCK = "block"        # scale_b: [K/gk, N/gn] blocks (e.g. 128 x 128)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Op(str, enum.Enum):
+    SCALED_MM = "scaled_mm"
+    QUANTIZE = "quantize"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One kind of call. For scaled_mm: a/b/out dtypes and scale granularities; for quantize:
+    a_dtype is the input dtype, b_dtype the quantized dtype, scale_a the granularity and
+    static tells whether the scale is given."""
+    op: Op
+    a_dtype: torch.dtype
+    b_dtype: torch.dtype
+    out_dtype: torch.dtype | None = None
+    scale_a: Granularity = Granularity.TENSOR
+    scale_b: Granularity = Granularity.TENSOR
+    has_bias: bool = False
+    # Largest power of two (capped at 16) dividing K and N: what kernels' alignment rules look at.
+    k_align: int = 16
+    n_align: int = 16
+    static: bool = False
+    has_scale_ub: bool = False
+
+    @property
+    def weight_only(self) -> bool:
+        return self.op is Op.SCALED_MM and self.a_dtype in qd.ACTIVATION_DTYPES
+
+    def describe(self) -> str:
+        if self.op is Op.QUANTIZE:
+            mode = "static" if self.static else "dynamic"
+            return (f"quantize {qd.dtype_name(self.a_dtype)} -> {qd.dtype_name(self.b_dtype)}, "
+                    f"{mode} per-{self.scale_a}")
+        kind = "W8A16" if self.weight_only else "W8A8"
+        bias = ", bias" if self.has_bias else ""
+        return (f"scaled_mm {kind} {qd.dtype_name(self.a_dtype)} x {qd.dtype_name(self.b_dtype)} -> "
+                f"{qd.dtype_name(self.out_dtype)}, scales {self.scale_a} x {self.scale_b}{bias}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A provider's answer to 'can you serve this problem on this device?'.
+
+    forceable: the provider could run it but does not volunteer (e.g. marlin outside sm_75-sm_86);
+    forcing the provider by name accepts such a verdict.
+    """
+    ok: bool
+    reason: str
+    forceable: bool = False
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def alignment(n: int, cap: int = 16) -> int:
+    a = 1
+    while a < cap and n % (a * 2) == 0:
+        a *= 2
+    return a
+
+
+# The problem kinds `qbackend info` reports, each as a representative problem for a device whose
+# preferred fp8 dtype is `fp8`.
+PROBLEM_KINDS = ("fp8_w8a8_per_tensor", "fp8_w8a8_per_token_channel", "fp8_w8a16", "int8_w8a8",
+                 "fp8_block")
+
+
+def representative(kind: str, fp8: torch.dtype = qd.E4M3) -> Problem:
+    G = Granularity
+    mm = Op.SCALED_MM
+    if kind == "fp8_w8a8_per_tensor":
+        return Problem(mm, fp8, fp8, torch.bfloat16, G.TENSOR, G.TENSOR)
+    if kind == "fp8_w8a8_per_token_channel":
+        return Problem(mm, fp8, fp8, torch.bfloat16, G.TOKEN, G.CHANNEL)
+    if kind == "fp8_w8a16":
+        return Problem(mm, torch.bfloat16, fp8, torch.bfloat16, G.NONE, G.CHANNEL)
+    if kind == "int8_w8a8":
+        return Problem(mm, torch.int8, torch.int8, torch.bfloat16, G.TOKEN, G.CHANNEL)
+    if kind == "fp8_block":
+        return Problem(mm, fp8, fp8, torch.bfloat16, G.GROUP, G.BLOCK)
+    raise ValueError(f"unknown problem kind {kind!r}; known: {', '.join(PROBLEM_KINDS)}")

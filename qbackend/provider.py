@@ -1,0 +1,143 @@
+"""What a provider is: capabilities declared as data, plus the code that runs the math.
+
+A provider lists Rules. A Rule says: this op, on these backends and archs, with these dtypes,
+scale granularities, output dtypes and alignment. `Provider.supports` checks the rules in order and,
+when none fits, reports the mismatch of the rule that came closest ("needs sm_89+" beats "wrong
+dtype" when the dtype was right). Subclasses add run-time conditions (a native library built for
+the arch) in `runtime_verdict` and implement `scaled_mm` / `quantize`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import dtypes as qd
+from .probe import DeviceInfo
+from .problem import Granularity, Op, Problem, Verdict
+
+
+def _names(items) -> str:
+    return ", ".join(sorted(str(i) if not isinstance(i, torch.dtype) else qd.dtype_name(i) for i in items))
+
+
+@dataclass(frozen=True)
+class Rule:
+    op: Op
+    backends: frozenset                     # {"cuda"}, {"hip"}, {"cuda", "hip", "cpu"}
+    dtype_pairs: frozenset                  # {(a_dtype, b_dtype)}; quantize: (input, quantized)
+    scale_a: frozenset = frozenset()        # accepted Granularity values (quantize: granularity)
+    scale_b: frozenset = frozenset()
+    out_dtypes: frozenset = frozenset()
+    min_sm: int | None = None               # NVIDIA compute capability range, as ints (89 = sm_89)
+    max_sm: int | None = None
+    forceable_max_sm: int | None = None     # newer chips where it runs if forced by name
+    archs: frozenset | None = None          # explicit arch names (AMD)
+    bias: bool = True
+    k_align: int = 1                        # K (and N) must be multiples of these
+    n_align: int = 1
+    static: frozenset = frozenset({False, True})
+    scale_ub: bool = True
+    why_arch: str = ""                      # e.g. "fp8 tensor cores"
+
+    def mismatch(self, device: DeviceInfo, p: Problem) -> tuple[int, str | None, bool]:
+        """(how many checks passed, first failed check's reason or None, forceable)."""
+        if p.op is not self.op:
+            return 0, f"does not implement {p.op}", False
+        if device.backend not in self.backends:
+            return 1, f"runs on {_names(self.backends)}, not {device.backend}", False
+        if (p.a_dtype, p.b_dtype) not in self.dtype_pairs:
+            pairs = sorted(f"{qd.dtype_name(a)} x {qd.dtype_name(b)}" for a, b in self.dtype_pairs)
+            return 2, (f"takes {'; '.join(pairs)}, not {qd.dtype_name(p.a_dtype)} x "
+                       f"{qd.dtype_name(p.b_dtype)}"), False
+        why = f" ({self.why_arch})" if self.why_arch else ""
+        if self.archs is not None and device.arch not in self.archs:
+            return 3, f"needs {_names(self.archs)}{why}; device is {device.arch}", False
+        sm = device.sm
+        if self.min_sm is not None or self.max_sm is not None:
+            lo, hi = self.min_sm or 0, self.max_sm or 10**9
+            if sm is None or not lo <= sm <= hi:
+                span = f"sm_{lo}+" if self.max_sm is None else f"sm_{lo} to sm_{hi}"
+                forceable = sm is not None and lo <= sm <= (self.forceable_max_sm or 0)
+                hint = "; force it with QBACKEND_PROVIDER" if forceable else ""
+                return 3, f"serves {span}{why}; device is {device.arch}{hint}", forceable
+        if self.scale_a and p.scale_a not in self.scale_a:
+            what = "granularity" if p.op is Op.QUANTIZE else "scale_a granularity"
+            return 4, f"{what} {p.scale_a} not supported (takes {_names(self.scale_a)})", False
+        if self.scale_b and p.scale_b not in self.scale_b:
+            return 4, f"scale_b granularity {p.scale_b} not supported (takes {_names(self.scale_b)})", False
+        if p.op is Op.QUANTIZE:
+            if p.static not in self.static:
+                return 4, f"{'static' if p.static else 'dynamic'} quantization not supported", False
+            if p.has_scale_ub and not self.scale_ub:
+                return 4, "scale_ub not supported", False
+        if self.out_dtypes and p.out_dtype not in self.out_dtypes:
+            return 5, f"out_dtype {qd.dtype_name(p.out_dtype)} not supported (takes {_names(self.out_dtypes)})", False
+        if p.has_bias and not self.bias:
+            return 6, "bias not supported", False
+        if p.k_align < self.k_align:
+            dim = "the last dimension" if p.op is Op.QUANTIZE else "K"
+            return 7, f"needs {dim} to be a multiple of {self.k_align}", False
+        if p.n_align < self.n_align:
+            rule = ("needs the last dimension contiguous" if p.op is Op.QUANTIZE
+                    else f"needs N to be a multiple of {self.n_align}")
+            return 7, rule, False
+        return 8, None, False
+
+
+@dataclass
+class Provider:
+    """Base class of every provider, built-in or third-party."""
+    name: str = "unnamed"
+    priority: int = 0                       # higher is tried first
+    description: str = ""
+    rules: tuple = field(default_factory=tuple)
+
+    def supports(self, device: DeviceInfo, problem: Problem) -> Verdict:
+        best = (-1, "declares no rules", False)
+        for rule in self.rules:
+            depth, reason, forceable = rule.mismatch(device, problem)
+            if reason is None:
+                return self.runtime_verdict(device, problem) or Verdict(True, "ok")
+            if depth > best[0]:
+                best = (depth, reason, forceable)
+        _, reason, forceable = best
+        if forceable:
+            rt = self.runtime_verdict(device, problem)
+            if rt is not None and not rt.ok:
+                return rt
+        return Verdict(False, reason, forceable)
+
+    def runtime_verdict(self, device: DeviceInfo, problem: Problem) -> Verdict | None:
+        """Conditions beyond the declared rules (a native library, a driver). None means fine.
+        A simulated device counts as having everything built for it."""
+        return None
+
+    def scaled_mm(self, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None,
+                  scale_b: torch.Tensor, out_dtype: torch.dtype, bias: torch.Tensor | None,
+                  problem: Problem) -> torch.Tensor:
+        """a: [M, K] (row stride may exceed K), b: [K, N] column-major; scale_a: None, one value,
+        [M, 1] or [M, G]; scale_b: one value, [N] / [1, N] or [Kb, Nb]. Inputs are validated."""
+        raise NotImplementedError(f"provider {self.name} does not implement scaled_mm")
+
+    def quantize(self, x: torch.Tensor, dtype: torch.dtype, granularity: str,
+                 scale: torch.Tensor | None, scale_ub: torch.Tensor | None, group_size: int,
+                 block_size: tuple, problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (q, scale); for static quantization (scale given) the returned scale is `scale`."""
+        raise NotImplementedError(f"provider {self.name} does not implement quantize")
+
+    def info(self) -> dict:
+        """Extra facts for `qbackend info` (e.g. a native library's path)."""
+        return {}
+
+
+def rule_table(*rules: Rule) -> tuple:
+    return tuple(rules)
+
+
+def pairs(*dtype_pairs) -> frozenset:
+    return frozenset(dtype_pairs)
+
+
+def granularities(*names: str) -> frozenset:
+    return frozenset(Granularity(n) for n in names)

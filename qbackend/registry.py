@@ -1,0 +1,152 @@
+"""Choosing a provider: per (device, problem), cached, explainable, overridable.
+
+Order of decision for one (device, problem):
+  1. providers named in QBACKEND_DISABLE (comma-separated) are out;
+  2. QBACKEND_PROVIDER=name forces that provider for every problem it can run (its verdict is ok
+     or merely 'forceable', e.g. marlin on sm_90); problems it cannot run go on to step 3;
+  3. the `qbackend_select` hook may name a provider;
+  4. otherwise the first provider in priority order whose verdict is ok.
+The decision is cached, so the per-call cost is one dict lookup.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+
+from . import plugins, probe
+from .probe import DeviceInfo
+from .problem import Problem, Verdict
+
+FORCE_ENV = "QBACKEND_PROVIDER"
+DISABLE_ENV = "QBACKEND_DISABLE"
+
+
+class NoProviderError(RuntimeError):
+    """No enabled provider can serve a problem on a device."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    provider: object | None      # the chosen Provider, or None
+    how: str                     # "priority", "forced", "hook", or "none"
+    verdicts: tuple              # ((name, Verdict), ...) in priority order
+
+    @property
+    def name(self) -> str | None:
+        return self.provider.name if self.provider is not None else None
+
+    def reason(self) -> str:
+        return "; ".join(f"{n}: {v.reason}" for n, v in self.verdicts if not v.ok)
+
+
+class Registry:
+    def __init__(self, extra_plugins=()):
+        self.pm, loaded, self.errors = plugins.load(extra_plugins)
+        loaded.sort(key=lambda lp: -lp.provider.priority)
+        self.loaded = loaded
+        self.providers = {lp.provider.name: lp.provider for lp in loaded}
+        self.sources = {lp.provider.name: lp.source for lp in loaded}
+        self.disabled = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+        self.forced = os.environ.get(FORCE_ENV, "").strip() or None
+        if self.forced and self.forced not in self.providers:
+            raise NoProviderError(f"{FORCE_ENV}={self.forced}: no such provider "
+                                  f"(known: {', '.join(self.providers)})")
+        self._cache: dict = {}
+        self._lock = threading.Lock()
+
+    def verdicts(self, device: DeviceInfo, problem: Problem) -> tuple:
+        out = []
+        for name, provider in self.providers.items():
+            if name in self.disabled:
+                out.append((name, Verdict(False, f"disabled by {DISABLE_ENV}")))
+                continue
+            try:
+                verdict = provider.supports(device, problem)
+            except Exception as exc:  # a provider bug must not take the caller down
+                verdict = Verdict(False, f"supports() raised {type(exc).__name__}: {exc}")
+            out.append((name, verdict))
+        return tuple(out)
+
+    def decide(self, device: DeviceInfo, problem: Problem) -> Decision:
+        key = (device.key, problem)
+        decision = self._cache.get(key)
+        if decision is not None:
+            return decision
+        with self._lock:
+            decision = self._decide(device, problem)
+            self._cache[key] = decision
+        self._warn_if_fallback(device, problem, decision)
+        return decision
+
+    def _decide(self, device: DeviceInfo, problem: Problem) -> Decision:
+        verdicts = self.verdicts(device, problem)
+        by_name = dict(verdicts)
+        if self.forced and self.forced not in self.disabled:
+            v = by_name[self.forced]
+            if v.ok or v.forceable:
+                return Decision(self.providers[self.forced], "forced", verdicts)
+        try:
+            choice = self.pm.hook.qbackend_select(device=device, problem=problem,
+                                                  verdicts=list(verdicts))
+        except Exception as exc:
+            warnings.warn(f"qbackend: qbackend_select hook raised {exc!r}; ignoring it", stacklevel=3)
+            choice = None
+        if choice is not None:
+            v = by_name.get(choice)
+            if v is not None and (v.ok or v.forceable) and choice not in self.disabled:
+                return Decision(self.providers[choice], "hook", verdicts)
+            warnings.warn(f"qbackend: qbackend_select chose {choice!r}, which cannot serve "
+                          f"{problem.describe()}; ignoring it", stacklevel=3)
+        for name, v in verdicts:
+            if v.ok:
+                return Decision(self.providers[name], "priority", verdicts)
+        return Decision(None, "none", verdicts)
+
+    def _warn_if_fallback(self, device: DeviceInfo, problem: Problem, decision: Decision) -> None:
+        # A GPU problem served by the reference provider is correct but slow: say so, once.
+        if device.backend in ("cuda", "hip") and not device.simulated and decision.name == "reference" \
+                and decision.how == "priority":
+            warnings.warn(f"qbackend: no native provider serves {problem.describe()} on "
+                          f"{device.arch}; using the reference provider (correct, slow). "
+                          f"{decision.reason()}", stacklevel=4)
+
+    def select(self, device: DeviceInfo, problem: Problem):
+        decision = self.decide(device, problem)
+        if decision.provider is None:
+            raise NoProviderError(f"qbackend: no provider serves {problem.describe()} on "
+                                  f"{device.arch}: {decision.reason()}")
+        return decision.provider
+
+    def native_libraries(self) -> list:
+        libs = []
+        for impl in self.pm.hook.qbackend_native_libraries.get_hookimpls():
+            try:
+                libs.extend(impl.function() or ())
+            except Exception as exc:
+                libs.append({"name": impl.plugin_name, "path": None, "loaded": False, "archs": [],
+                             "error": f"{type(exc).__name__}: {exc}"})
+        return libs
+
+
+_registry: Registry | None = None
+_registry_lock = threading.Lock()
+
+
+def get() -> Registry:
+    global _registry
+    if _registry is None:
+        with _registry_lock:
+            if _registry is None:
+                _registry = Registry()
+    return _registry
+
+
+def reload(extra_plugins=()) -> Registry:
+    """Re-read entry points and environment variables; drop cached decisions and device records."""
+    global _registry
+    with _registry_lock:
+        probe.reset()
+        _registry = Registry(extra_plugins)
+    return _registry

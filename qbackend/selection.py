@@ -1,0 +1,46 @@
+"""Selection queries for people and tools: which provider would serve what, and why."""
+from __future__ import annotations
+
+from . import probe, registry
+from .problem import PROBLEM_KINDS, Problem, representative
+
+
+def _problem(device, kind_or_problem) -> Problem:
+    if isinstance(kind_or_problem, Problem):
+        return kind_or_problem
+    fp8 = device.fp8_dtypes[0] if device.fp8_dtypes else None
+    return representative(kind_or_problem, fp8) if fp8 else representative(kind_or_problem)
+
+
+def _device(device):
+    return device if isinstance(device, probe.DeviceInfo) else probe.device_info(device)
+
+
+def select(kind_or_problem, device=None):
+    """The Decision (provider, how, verdicts) for a problem kind name (see PROBLEM_KINDS) or a
+    Problem on a device (a torch device, a DeviceInfo, or None for the default device)."""
+    info = _device(device)
+    return registry.get().decide(info, _problem(info, kind_or_problem))
+
+
+def explain(kind_or_problem, device=None) -> str:
+    """Every provider's verdict for one problem, in priority order, and the choice."""
+    info = _device(device)
+    problem = _problem(info, kind_or_problem)
+    decision = registry.get().decide(info, problem)
+    lines = [f"{problem.describe()} on {info.arch} ({info.name}):"]
+    for name, verdict in decision.verdicts:
+        mark = "->" if name == decision.name else ("ok" if verdict.ok else "--")
+        lines.append(f"  {mark} {name}: {verdict.reason}")
+    lines.append(f"  chosen: {decision.name or 'none'} ({decision.how})")
+    return "\n".join(lines)
+
+
+def selection_table(device=None) -> dict:
+    """{kind: (provider name or None, {provider: reason for each rejection})} for PROBLEM_KINDS."""
+    info = _device(device)
+    table = {}
+    for kind in PROBLEM_KINDS:
+        decision = registry.get().decide(info, _problem(info, kind))
+        table[kind] = (decision.name, {n: v.reason for n, v in decision.verdicts if not v.ok})
+    return table

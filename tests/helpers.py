@@ -1,0 +1,63 @@
+"""Shared test helpers: random quantized operands and a float64 oracle independent of qbackend."""
+from __future__ import annotations
+
+import torch
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0,
+           torch.float8_e4m3fnuz: 240.0, torch.float8_e5m2fnuz: 57344.0}
+
+
+def rand_q(shape, dtype, gen, device="cpu"):
+    """Random values spread over the format's range (not all near zero)."""
+    if dtype == torch.int8:
+        return torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8).to(device)
+    x = torch.randn(shape, generator=gen) * (FP8_MAX[dtype] / 8)
+    return x.clamp(-FP8_MAX[dtype], FP8_MAX[dtype]).to(dtype).to(device)
+
+
+def rand_scale(shape, gen, device="cpu"):
+    return (torch.rand(shape, generator=gen) * 0.01 + 0.001).to(device)
+
+
+def block_expand(s: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Independent re-implementation of scale broadcasting (128 when count == ceil(dim/128), else dim // count)."""
+    s = s.double()
+    if s.numel() == 1:
+        return s.reshape(1, 1).expand(rows, cols)
+    if s.dim() == 1:
+        s = s.reshape(1, -1)
+    r, c = s.shape
+
+    def size(n, k):
+        return n if k == 1 else (128 if k == -(-n // 128) else n // k)
+
+    i = torch.arange(rows) // size(rows, r)
+    j = torch.arange(cols) // size(cols, c)
+    return s[i][:, j]
+
+
+def oracle_scaled_mm(a, b, scale_a, scale_b, bias=None):
+    """float64: sum_k sa[m,k] * sb[k,n] * a[m,k] * b[k,n] + bias, on the CPU."""
+    a64, b64 = a.cpu().double(), b.cpu().double()
+    M, K = a64.shape
+    N = b64.shape[1]
+    if scale_a is None:
+        out = a64 @ (b64 * block_expand(scale_b.cpu(), K, N))
+    else:
+        sa = scale_a.cpu()
+        sa = sa.reshape(M, -1) if sa.numel() > 1 else sa
+        out = (a64 * block_expand(sa, M, K)) @ (b64 * block_expand(scale_b.cpu(), K, N))
+    if bias is not None:
+        out = out + bias.cpu().double()
+    return out
+
+
+def assert_close(out, ref, rtol, what=""):
+    """Relative error against the reference's magnitude, plus no NaN."""
+    out = out.cpu().double()
+    ref = ref.cpu().double()
+    assert not torch.isnan(out).any(), f"NaN in output {what}"
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    denom = ref.abs().max().clamp_min(1e-30)
+    err = ((out - ref).abs().max() / denom).item()
+    assert err <= rtol, f"{what}: max error {err:.2e} of max |ref| exceeds {rtol:.1e}"

@@ -1,0 +1,121 @@
+"""`qbackend info`, the capability probe and its simulation override, import cost."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import qbackend
+from qbackend import probe
+
+
+def run_info(*args, env=None):
+    full_env = dict(os.environ)
+    full_env.pop("QBACKEND_SIMULATE", None)
+    full_env.update(env or {})
+    done = subprocess.run([sys.executable, "-m", "qbackend", "info", *args], env=full_env,
+                          capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def test_info_json_on_this_machine():
+    r = json.loads(run_info("--json"))
+    for key in ("device", "providers", "selection", "native_libraries", "plugin_errors"):
+        assert key in r
+    if not torch.cuda.is_available():
+        assert r["device"]["backend"] == "cpu" and r["device"]["arch"] == "cpu"
+        assert set(r["selection"].values()) == {"reference"}
+    assert list(r["selection"]) == list(qbackend.PROBLEM_KINDS)
+    for p in r["providers"]:
+        assert set(p) >= {"name", "available", "reason", "source"}
+        assert isinstance(p["available"], bool) and p["reason"]
+    assert not r["plugin_errors"], r["plugin_errors"]  # built-ins load cleanly
+
+
+@pytest.mark.parametrize("arch,kind,provider", [
+    ("sm_90", "fp8_w8a8_per_token_channel", "cutlass"),
+    ("sm_80", "fp8_w8a16", "marlin"),
+    ("sm_80", "int8_w8a8", "cutlass"),
+    ("gfx942", "fp8_w8a8_per_tensor", "hipblaslt"),
+])
+def test_info_simulate_flag_selects(arch, kind, provider):
+    r = json.loads(run_info("--json", "--simulate", arch))
+    assert r["device"]["simulated"] and r["device"]["arch"] == arch
+    assert r["selection"][kind] == provider
+
+
+def test_info_simulate_gfx942_lists_fnuz():
+    r = json.loads(run_info("--json", "--simulate", "gfx942"))
+    assert "float8_e4m3fnuz" in r["device"]["fp8_dtypes"] and r["device"]["backend"] == "hip"
+
+
+def test_info_simulate_environment_variable_matches_flag():
+    by_env = json.loads(run_info("--json", env={"QBACKEND_SIMULATE": "sm_89"}))
+    by_flag = json.loads(run_info("--json", "--simulate", "sm_89"))
+    assert by_env["selection"] == by_flag["selection"]
+    assert by_env["selection"]["fp8_w8a8_per_tensor"] == "cutlass"
+
+
+def test_info_human_readable():
+    text = run_info("--simulate", "sm_90")
+    assert "arch sm_90" in text and "[simulated]" in text
+    assert "fp8_w8a8_per_token_channel" in text and "-> cutlass" in text
+    assert "native libraries:" in text and "counts as built for sm_90" in text
+
+
+def test_unknown_simulated_arch_is_a_clear_error():
+    done = subprocess.run([sys.executable, "-m", "qbackend", "info", "--simulate", "tpu"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown arch 'tpu'" in done.stderr
+
+
+def test_normalize_arch_and_native_fp8():
+    assert probe.normalize_arch("SM90a") == "sm_90" and probe.normalize_arch("89") == "sm_89"
+    assert probe.normalize_arch("gfx942:sramecc+:xnack-") == "gfx942"
+    assert probe.native_fp8("sm_86") == () and torch.float8_e5m2 in probe.native_fp8("sm_100")
+    assert probe.native_fp8("gfx942")[0] == torch.float8_e4m3fnuz
+    assert probe.native_fp8("gfx950")[0] == torch.float8_e4m3fn
+
+
+def test_probe_records_which_probe_answered():
+    info = qbackend.device_info()
+    assert info.probe in ("nvml", "cuda-python", "torch", "amdsmi", "hip-python", "cpu")
+    if info.backend == "cpu":
+        assert any(n.startswith("nvml") for n in info.notes)  # NVML was asked first
+    assert qbackend.device_info("cpu").arch == "cpu"
+
+
+def test_probe_does_not_initialize_cuda():
+    code = ("import torch, qbackend, json; i = qbackend.device_info(); "
+            "print(json.dumps([i.arch, i.probe, torch.cuda.is_initialized()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    arch, probe_name, initialized = json.loads(out.stdout)
+    assert initialized is False
+
+
+def test_import_cost_over_torch():
+    """`import qbackend` adds well under a second to `import torch`."""
+    def timed(stmt):
+        code = f"import time; t = time.perf_counter(); {stmt}; print(time.perf_counter() - t)"
+        runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                     check=True).stdout) for _ in range(3)]
+        return min(runs)
+
+    torch_only = timed("import torch")
+    both = timed("import torch; t2 = time.perf_counter(); import qbackend")
+    assert both - torch_only < 0.5, (torch_only, both)
+
+
+def test_fnuz_reencoding_is_exact():
+    bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    q = bits.view(torch.float8_e4m3fn)
+    qz, s2 = qbackend.to_fnuz(q, torch.tensor(1.0))
+    assert s2.item() == 2.0
+    fn_vals, fz_vals = q.float(), qz.float() * 2
+    finite = ~torch.isnan(fn_vals)
+    assert torch.equal(fn_vals[finite], fz_vals[finite])  # -0 -> +0 compares equal
+    assert qz.view(torch.uint8)[0x80].item() == 0 and torch.isnan(qz.float()[0x7F])
+    assert not torch.isnan(qz.float()[finite]).any()

@@ -1,0 +1,70 @@
+"""The golden selection table: simulated archs x problem kinds -> provider, with reasons.
+
+The expected choices are written out here by hand (the rules of the design); the full table with
+every rejection reason is also committed in docs/selection.md and must match the code."""
+from pathlib import Path
+
+import pytest
+
+from qbackend import golden
+from qbackend.problem import PROBLEM_KINDS
+
+R, C, M, H = "reference", "cutlass", "marlin", "hipblaslt"
+# kinds: fp8_w8a8_per_tensor, fp8_w8a8_per_token_channel, fp8_w8a16, int8_w8a8, fp8_block
+EXPECTED = {
+    "sm_75": (R, R, M, C, R),
+    "sm_80": (R, R, M, C, R),
+    "sm_86": (R, R, M, C, R),
+    "sm_89": (C, C, R, C, R),
+    "sm_90": (C, C, R, C, R),
+    "sm_100": (C, C, R, C, R),
+    "gfx942": (H, R, R, R, R),
+    "gfx950": (H, R, R, R, R),
+    "cpu": (R, R, R, R, R),
+}
+
+
+@pytest.fixture(scope="module")
+def table():
+    return golden.golden()
+
+
+@pytest.mark.parametrize("arch", golden.ARCHS)
+def test_choices(table, arch):
+    got = tuple(table[arch][kind][0] for kind in PROBLEM_KINDS)
+    assert got == EXPECTED[arch]
+
+
+def test_every_rejection_has_a_reason(table):
+    for arch, row in table.items():
+        for kind, (name, reasons) in row.items():
+            for provider, reason in reasons.items():
+                assert provider != name and len(reason) > 10, (arch, kind, provider, reason)
+
+
+def test_specific_reasons(table):
+    assert "sm_89+" in table["sm_80"]["fp8_w8a8_per_tensor"][1]["cutlass"]
+    assert "fp8 tensor cores" in table["sm_86"]["fp8_w8a8_per_token_channel"][1]["cutlass"]
+    marlin_sm90 = table["sm_90"]["fp8_w8a16"][1]["marlin"]
+    assert "sm_75 to sm_86" in marlin_sm90 and "QBACKEND_PROVIDER" in marlin_sm90
+    assert "runs on cuda" in table["gfx942"]["fp8_w8a16"][1]["marlin"]
+    assert "scale_a granularity token" in table["gfx942"]["fp8_w8a8_per_token_channel"][1]["hipblaslt"]
+    assert "group" in table["sm_90"]["fp8_block"][1]["cutlass"]
+
+
+def test_docs_embed_the_same_table(table):
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "selection.md").read_text()
+    start, stop = doc.index(golden.BEGIN), doc.index(golden.END) + len(golden.END)
+    assert doc[start:stop] == golden.markdown(table), "docs/selection.md is stale: python tools/update_docs.py"
+
+
+def test_marlin_can_be_forced_on_sm90(monkeypatch):
+    import qbackend
+    from qbackend import probe, registry
+
+    monkeypatch.setenv("QBACKEND_PROVIDER", "marlin")
+    registry.reload()
+    decision = qbackend.select("fp8_w8a16", probe.simulated("sm_90"))
+    assert decision.name == "marlin" and decision.how == "forced"
+    # marlin cannot run W8A8 at all, so forcing it leaves W8A8 problems to normal selection.
+    assert qbackend.select("fp8_w8a8_per_tensor", probe.simulated("sm_90")).name == "cutlass"
