@@ -27,6 +27,19 @@ _QUANT_PAIRS = frozenset((x, q) for x in qd.FLOAT_INPUT_DTYPES for q in _QUANT_O
 STATIC_TENSOR, DYNAMIC_TENSOR, DYNAMIC_TOKEN = 0, 1, 2
 
 
+def _forced_variant(text: str) -> int:
+    """'90', 'sm90', 'sm_90a' -> 90; '' or 'auto' -> 0 (the library picks)."""
+    digits = "".join(ch for ch in text if ch.isdigit())
+    if text.strip().lower() in ("", "auto", "0") or not digits:
+        if text.strip().lower() not in ("", "auto", "0"):
+            raise ValueError(f"{VARIANT_ENV}={text!r}: expected 90, 89, 80 or 75")
+        return 0
+    variant = int(digits)
+    if variant not in (90, 89, 80, 75):
+        raise ValueError(f"{VARIANT_ENV}={text!r}: expected 90, 89, 80 or 75")
+    return variant
+
+
 def _fp8_variants(sm: int) -> tuple:
     """Kernel families that can run fp8 GEMMs on compute capability `sm`, best first."""
     return (90, 89) if sm == 90 else (89,)
@@ -51,11 +64,10 @@ class CutlassProvider(Provider):
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("token"), min_sm=75, n_align=16,
                      static=frozenset({False})),
             ))
-        forced = os.environ.get(VARIANT_ENV, "").strip()
-        self.variant = int(forced) if forced else 0
+        self.variant = _forced_variant(os.environ.get(VARIANT_ENV, ""))
 
-    def _kernel_op(self, problem) -> tuple[str, tuple]:
-        sm = 0
+    def _kernel_op(self, problem):
+        """The library's op name for a problem, and the kernel families that can serve it."""
         if problem.op is Op.QUANTIZE:
             return "quantize", ()
         if problem.a_dtype == torch.int8:
@@ -79,7 +91,9 @@ class CutlassProvider(Provider):
     def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem):
         M, N = a.shape[0], b.shape[1]
         out = torch.empty((M, N), dtype=out_dtype, device=a.device)
-        native.scaled_mm(a, b, scale_a, scale_b, bias, out, variant=self.variant)
+        # Per-row/column scales may arrive as strided views (w_scale.t()); the kernels read them
+        # as contiguous vectors. A no-op for the usual contiguous scales.
+        native.scaled_mm(a, b, scale_a.contiguous(), scale_b.contiguous(), bias, out, variant=self.variant)
         return out
 
     def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):

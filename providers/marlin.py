@@ -28,13 +28,14 @@ class MarlinProvider(Provider):
             name="marlin", priority=90,
             description="Marlin-style FP8 weight-only GEMM (W8A16), dequantization in registers",
             rules=(
-                Rule(Op.SCALED_MM, CUDA, frozenset({(torch.float16, qd.E4M3)}), none, wscale,
-                     frozenset({torch.float16}), **common),
-                Rule(Op.SCALED_MM, CUDA, frozenset({(torch.bfloat16, qd.E4M3)}), none, wscale,
-                     frozenset({torch.bfloat16}), **common),
+                Rule(Op.SCALED_MM, CUDA, frozenset({(torch.float16, qd.E4M3), (torch.bfloat16, qd.E4M3)}),
+                     none, wscale, frozenset({torch.float16, torch.bfloat16}), **common),
             ))
 
     def runtime_verdict(self, device, problem):
+        if problem.out_dtype != problem.a_dtype:
+            return Verdict(False, "writes its output in the activation dtype "
+                                  f"({qd.dtype_name(problem.a_dtype)}), not {qd.dtype_name(problem.out_dtype)}")
         if device.simulated:
             return None
         if native.load() is None:

@@ -28,7 +28,7 @@ def _a_scale_at(scale_a, problem, M: int, K: int, k: int) -> torch.Tensor:
     """scale_a over rows for the K-group holding column k: a scalar or [M, 1]."""
     s = scale_a.float()
     if problem.scale_a is G.GROUP:
-        return s[:, k // group_size(K, s.shape[1])].reshape(M, 1)
+        return s[:, k // group_size(K, s.shape[1], problem.group)].reshape(M, 1)
     return s.reshape(()) if s.numel() == 1 else s.reshape(M, 1)
 
 
@@ -36,8 +36,8 @@ def _b_scale_at(scale_b, problem, K: int, N: int, k: int) -> torch.Tensor:
     """scale_b over columns for the K-group holding row k: a scalar or [1, N]."""
     s = scale_b.float()
     if problem.scale_b is G.BLOCK:
-        row = s[k // group_size(K, s.shape[0])]
-        return row.repeat_interleave(group_size(N, s.shape[1]))[:N].reshape(1, N)
+        row = s[k // group_size(K, s.shape[0], problem.group)]
+        return row.repeat_interleave(group_size(N, s.shape[1], problem.group))[:N].reshape(1, N)
     return s.reshape(()) if s.numel() == 1 else s.reshape(1, N)
 
 
@@ -45,9 +45,9 @@ def _k_step(scale_a, scale_b, problem, K: int) -> int:
     """Length of the K-chunks over which both scales are constant (K when neither is grouped)."""
     g = K
     if problem.scale_a is G.GROUP:
-        g = math.gcd(g, group_size(K, scale_a.shape[-1]))
+        g = math.gcd(g, group_size(K, scale_a.shape[-1], problem.group))
     if problem.scale_b is G.BLOCK:
-        g = math.gcd(g, group_size(K, scale_b.shape[0]))
+        g = math.gcd(g, group_size(K, scale_b.shape[0], problem.group))
     return g
 
 
@@ -62,7 +62,8 @@ def reference_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, problem) -> tor
     N = b.shape[1]
     if problem.weight_only:
         # Dequantize the weight exactly (fp8 * fp32 scale in fp32), then one fp32 GEMM.
-        out = a.float() @ (b.float() * expand(scale_b, K, N))
+        g = problem.group or 128
+        out = a.float() @ (b.float() * expand(scale_b, K, N, (g, g)))
     else:
         step = _k_step(scale_a, scale_b, problem, K)
         out = None

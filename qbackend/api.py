@@ -12,21 +12,25 @@ from . import dtypes as qd
 from . import ops
 from .scales import expand
 from .validate import _check_tensor, check_out_dtype
+from .weights import linear_impl
 
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None = None,
               scale_b: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
+              bias: torch.Tensor | None = None, group_size: int = 128) -> torch.Tensor:
     """(scale_a * scale_b) * (a @ b) + bias, accumulated in fp32 (int32 for int8).
 
     a: [..., M, K] row-major (any row stride), float8 / int8, or bfloat16 / float16 for
        weight-only (W8A16) calls with scale_a=None.
     b: [K, N] column-major (`w.t()` of a row-major [N, K] weight), float8 or int8.
-    scale_a: float32; [] or [1] per-tensor, [..., M, 1] per-token, [..., M, G] per-group along K.
+    scale_a: float32; [] or [1] per-tensor, [..., M, 1] per-token, [..., M, ceil(K/group_size)]
+       per-group along K.
     scale_b: float32; [] or [1] per-tensor, [N] or [1, N] per-channel (`w_scale.t()`),
-       [Kb, Nb] blocks (`w_scale_inv.t()` of a [N/128, K/128] block scale).
+       [ceil(K/group_size), ceil(N/group_size)] blocks (`w_scale_inv.t()` of a DeepSeek-style
+       [ceil(N/128), ceil(K/128)] block scale) or [ceil(K/group_size), N].
+    group_size: the extent of one scale group along K (and N for block scales); 128 by default.
     out_dtype: bfloat16 (default for W8A8), float16 or float32; W8A16 defaults to a's dtype.
     bias: [N] in out_dtype.
     """
@@ -37,8 +41,8 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None = N
     if out_dtype is not None:
         check_out_dtype("scaled_mm", out_dtype, torch.bfloat16)
     if _compiling():
-        return ops.scaled_mm_op(a, b, scale_a, scale_b, out_dtype, bias)
-    return ops.scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias)
+        return ops.scaled_mm_op(a, b, scale_a, scale_b, out_dtype, bias, group_size)
+    return ops.scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size)
 
 
 def quantize(x: torch.Tensor, dtype: torch.dtype = qd.E4M3, granularity: str = "tensor",
@@ -65,12 +69,15 @@ def quantize(x: torch.Tensor, dtype: torch.dtype = qd.E4M3, granularity: str = "
     return ops.quantize_impl(x, dtype, granularity, scale, scale_ub, group_size, block)
 
 
-def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """q * scale in `dtype`, the scale's granularity read off its shape (see `quantize`)."""
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
+               group_size: int = 128, block_size: tuple = (128, 128)) -> torch.Tensor:
+    """q * scale in `dtype`, the granularity read off the scale's shape (see `quantize`); per-group
+    and block scales need the group_size / block_size they were made with (128 by default)."""
     _check_tensor("dequantize", "q", q)
     _check_tensor("dequantize", "scale", scale)
     if q.dtype not in qd.QUANT_DTYPES:
         raise TypeError(f"qbackend.dequantize: q: dtype must be float8 or int8; got {qd.dtype_name(q.dtype)}")
+    size = (1, group_size)
     if q.dim() == 0:
         return (q.float() * scale.float().reshape(())).to(dtype)
     rows = q.numel() // max(q.shape[-1], 1)
@@ -80,13 +87,31 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
     elif scale.dim() == q.dim() and scale.shape[:-1] == q.shape[:-1]:
         s2 = scale.reshape(rows, scale.shape[-1])
     elif q.dim() == 2 and scale.dim() == 2:
-        s2 = scale
+        s2, size = scale, tuple(block_size)
     else:
         raise ValueError(f"qbackend.dequantize: scale: shape {list(scale.shape)} fits no granularity "
-                         f"of q with shape {list(q.shape)}")
+                         f"of q with shape {list(q.shape)}; got that shape")
     try:
-        full = expand(s2, q2.shape[0], q2.shape[1])
+        full = expand(s2, q2.shape[0], q2.shape[1], size)
     except AssertionError:
-        raise ValueError(f"qbackend.dequantize: scale: shape {list(scale.shape)} does not divide q's "
-                         f"shape {list(q.shape)} into groups") from None
+        raise ValueError(f"qbackend.dequantize: scale: shape must split q's shape {list(q.shape)} into "
+                         f"groups of {size[-1]} (group_size) or blocks of {tuple(block_size)} "
+                         f"(block_size); got {list(scale.shape)}") from None
     return (q2.float() * full).to(dtype).reshape(q.shape)
+
+
+def linear(a: torch.Tensor, weight, scale_a: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """scaled_mm(a, weight) with a weight from `qbackend.prepare_weight` (the provider's own
+    layout, prepared once). Arguments as in scaled_mm; the weight carries b and scale_b."""
+    from .weights import PreparedWeight
+
+    _check_tensor("linear", "a", a)
+    if not isinstance(weight, PreparedWeight):
+        raise TypeError(f"qbackend.linear: weight: must be a PreparedWeight from "
+                        f"qbackend.prepare_weight; got {type(weight).__name__}")
+    args = (a, weight.data, weight.scale, weight.aux, scale_a, bias, weight.provider,
+            weight.layout, weight.N, weight.K, weight.dtype, out_dtype, weight.problem.group or 128)
+    if _compiling():
+        return ops.linear_op(*args)
+    return linear_impl(*args)

@@ -141,7 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    import signal
+
     from .registry import NoProviderError
+
+    if hasattr(signal, "SIGPIPE"):  # `qbackend info | head` ends quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
     args = build_parser().parse_args(argv)
     try:

@@ -17,7 +17,7 @@ from .probe import DeviceInfo, device_info
 def to_fnuz(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Re-encode e4m3fn data as e4m3fnuz; returns (q_fnuz, scale * 2)."""
     if q.dtype != qd.E4M3:
-        raise TypeError(f"qbackend.fp8.to_fnuz: q: dtype must be float8_e4m3fn; got {qd.dtype_name(q.dtype)}")
+        raise TypeError(f"qbackend.to_fnuz: q: dtype must be float8_e4m3fn; got {qd.dtype_name(q.dtype)}")
     bits = q.view(torch.uint8)
     is_nan = (bits & 0x7F) == 0x7F
     bits = torch.where(bits == 0x80, torch.zeros_like(bits), bits)

@@ -12,8 +12,10 @@ from typing import Optional
 import torch
 from torch.library import custom_op
 
+from . import dtypes as qd
 from . import probe, registry
-from .validate import quantize_scale_shape, validate_quantize, validate_scaled_mm
+from .validate import WeightSpec, quantize_scale_shape, validate_quantize, validate_scaled_mm
+from .weights import linear_impl
 
 
 def _flatten_a(a: torch.Tensor, scale_a: Optional[torch.Tensor]):
@@ -26,8 +28,8 @@ def _flatten_a(a: torch.Tensor, scale_a: Optional[torch.Tensor]):
     return a2, scale_a
 
 
-def scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias):
-    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)
+def scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size=128):
+    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size)
     lead = a.shape[:-1]
     N = b.shape[1]
     if a.numel() == 0:
@@ -42,8 +44,9 @@ def quantize_impl(x, dtype, granularity, scale, scale_ub, group_size, block_size
     problem = validate_quantize(x, dtype, granularity, scale, scale_ub, group_size, block_size)
     if x.numel() == 0:
         shape = quantize_scale_shape(x, granularity, group_size, block_size)
+        # An empty tensor's amax is 0: its dynamic scale is the minimum scale.
         return (torch.empty_like(x, dtype=dtype),
-                scale if scale is not None else x.new_empty(shape, dtype=torch.float32))
+                scale if scale is not None else x.new_full(shape, qd.min_scale(dtype), dtype=torch.float32))
     provider = registry.get().select(probe.device_info(x.device), problem)
     return provider.quantize(x, dtype, granularity, scale, scale_ub, group_size, block_size, problem)
 
@@ -51,13 +54,13 @@ def quantize_impl(x, dtype, granularity, scale, scale_ub, group_size, block_size
 @custom_op("qbackend::scaled_mm", mutates_args=())
 def scaled_mm_op(a: torch.Tensor, b: torch.Tensor, scale_a: Optional[torch.Tensor],
                  scale_b: Optional[torch.Tensor], out_dtype: Optional[torch.dtype],
-                 bias: Optional[torch.Tensor]) -> torch.Tensor:
-    return scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias)
+                 bias: Optional[torch.Tensor], group_size: int = 128) -> torch.Tensor:
+    return scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size)
 
 
 @scaled_mm_op.register_fake
-def _scaled_mm_fake(a, b, scale_a, scale_b, out_dtype, bias):
-    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)
+def _scaled_mm_fake(a, b, scale_a, scale_b, out_dtype, bias, group_size=128):
+    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size)
     return a.new_empty(tuple(a.shape[:-1]) + (b.shape[1],), dtype=problem.out_dtype)
 
 
@@ -86,3 +89,20 @@ def quantize_static_op(x: torch.Tensor, dtype: torch.dtype, granularity: str, sc
 def _quantize_static_fake(x, dtype, granularity, scale, group_size, block_rows, block_cols):
     validate_quantize(x, dtype, granularity, scale, None, group_size, (block_rows, block_cols))
     return torch.empty_like(x, dtype=dtype)
+
+
+@custom_op("qbackend::linear", mutates_args=())
+def linear_op(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_aux: Optional[torch.Tensor],
+              scale_a: Optional[torch.Tensor], bias: Optional[torch.Tensor], provider: str,
+              layout: str, N: int, K: int, w_dtype: torch.dtype,
+              out_dtype: Optional[torch.dtype], group_size: int) -> torch.Tensor:
+    return linear_impl(a, w, w_scale, w_aux, scale_a, bias, provider, layout, N, K, w_dtype,
+                       out_dtype, group_size)
+
+
+@linear_op.register_fake
+def _linear_fake(a, w, w_scale, w_aux, scale_a, bias, provider, layout, N, K, w_dtype, out_dtype,
+                 group_size):
+    problem = validate_scaled_mm(a, WeightSpec(K, N, w_dtype, a.device), scale_a, w_scale,
+                                 out_dtype, bias, group_size)
+    return a.new_empty(tuple(a.shape[:-1]) + (N,), dtype=problem.out_dtype)

@@ -50,6 +50,7 @@ class Problem:
     n_align: int = 16
     static: bool = False
     has_scale_ub: bool = False
+    group: int = 0                  # scale group size along K (and N) for group/block scales, else 0
 
     @property
     def weight_only(self) -> bool:
@@ -106,5 +107,5 @@ def representative(kind: str, fp8: torch.dtype = qd.E4M3) -> Problem:
     if kind == "int8_w8a8":
         return Problem(mm, torch.int8, torch.int8, torch.bfloat16, G.TOKEN, G.CHANNEL)
     if kind == "fp8_block":
-        return Problem(mm, fp8, fp8, torch.bfloat16, G.GROUP, G.BLOCK)
+        return Problem(mm, fp8, fp8, torch.bfloat16, G.GROUP, G.BLOCK, group=128)
     raise ValueError(f"unknown problem kind {kind!r}; known: {', '.join(PROBLEM_KINDS)}")

@@ -126,6 +126,21 @@ class Provider:
         """Returns (q, scale); for static quantization (scale given) the returned scale is `scale`."""
         raise NotImplementedError(f"provider {self.name} does not implement quantize")
 
+    def prepare_weight(self, w_q: torch.Tensor, scale_b: torch.Tensor, problem: Problem):
+        """Lay out a row-major [N, K] quantized weight for this provider, once, at load time.
+        Return a qbackend.weights.PreparedWeight, or None to keep the canonical layout ("nk":
+        b = w_q.t()). scale_b is in scale_b form ([], [1, N] or [Kb, Nb])."""
+        return None
+
+    def scaled_mm_prepared(self, a: torch.Tensor, weight, scale_a: torch.Tensor | None,
+                           out_dtype: torch.dtype, bias: torch.Tensor | None,
+                           problem: Problem) -> torch.Tensor:
+        """scaled_mm with a PreparedWeight from this provider's prepare_weight (or canonical)."""
+        if weight.layout != "nk":
+            raise NotImplementedError(f"provider {self.name} prepared layout {weight.layout!r} "
+                                      "but does not implement scaled_mm_prepared")
+        return self.scaled_mm(a, weight.data.t(), scale_a, weight.scale, out_dtype, bias, problem)
+
     def info(self) -> dict:
         """Extra facts for `qbackend info` (e.g. a native library's path)."""
         return {}

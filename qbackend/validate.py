@@ -18,6 +18,29 @@ INT8_MAX_K = (2**31 - 1) // (128 * 128)
 GRANULARITIES = ("tensor", "token", "channel", "group", "block")
 
 
+class WeightSpec:
+    """Stands in for `b` when the weight is held in a provider's own layout (a PreparedWeight):
+    the shape, dtype and device of the column-major [K, N] operand it represents."""
+
+    def __init__(self, K: int, N: int, dtype: torch.dtype, device: torch.device):
+        self.shape, self.dtype, self.device = (K, N), dtype, device
+
+    def dim(self) -> int:
+        return 2
+
+    def stride(self, i: int) -> int:
+        return (1, self.shape[0])[i]
+
+    def element_size(self) -> int:
+        return 1
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def data_ptr(self) -> int:
+        return 0
+
+
 def _fail(fn: str, arg: str, rule: str, got, exc=ValueError):
     raise exc(f"qbackend.{fn}: {arg}: {rule}; got {got}")
 
@@ -53,8 +76,6 @@ def _check_scale_tensor(fn: str, arg: str, s, ref: torch.Tensor):
     if s.dtype != torch.float32:
         _fail(fn, arg, "must be a float32 tensor", qd.dtype_name(s.dtype), TypeError)
     _check_same_device(fn, arg, s, ref, "a" if fn == "scaled_mm" else "x")
-    if not s.is_contiguous():
-        _fail(fn, arg, "must be contiguous", f"strides {tuple(s.stride())} for shape {_shape(s)}")
 
 
 def check_out_dtype(fn: str, out_dtype, default: torch.dtype) -> torch.dtype:
@@ -86,7 +107,7 @@ def _dtype_pair(a: torch.Tensor, b: torch.Tensor) -> None:
               pair, TypeError)
 
 
-def _scale_a_granularity(scale_a: torch.Tensor, lead: tuple, M: int, K: int) -> G:
+def _scale_a_granularity(scale_a: torch.Tensor, lead: tuple, M: int, K: int, g: int) -> G:
     fn = "scaled_mm"
     if scale_a.numel() == 1 and scale_a.dim() <= 2:
         return G.TENSOR
@@ -98,15 +119,15 @@ def _scale_a_granularity(scale_a: torch.Tensor, lead: tuple, M: int, K: int) -> 
         cols = None
     if cols == 1:
         return G.TOKEN
-    if cols is not None and cols > 1 and group_size(K, cols) is not None:
+    if cols is not None and cols > 1 and group_size(K, cols, g) is not None:
         return G.GROUP
     lead_s = ", ".join(str(d) for d in lead)
     _fail(fn, "scale_a", f"shape must be [] or [1] (per-tensor), [{lead_s}, 1] (per-token) or "
-          f"[{lead_s}, G] with G groups along K={K} (per-group: G divides K, or G = ceil(K/128))",
-          _shape(scale_a))
+          f"[{lead_s}, {-(-K // g)}] (per-group: ceil(K/group_size) groups of group_size={g} along "
+          f"K={K})", _shape(scale_a))
 
 
-def _scale_b_granularity(scale_b: torch.Tensor, K: int, N: int) -> G:
+def _scale_b_granularity(scale_b: torch.Tensor, K: int, N: int, g: int) -> G:
     fn = "scaled_mm"
     shape = tuple(scale_b.shape)
     if scale_b.numel() == 1 and scale_b.dim() <= 2:
@@ -118,18 +139,19 @@ def _scale_b_granularity(scale_b: torch.Tensor, K: int, N: int) -> G:
         if nb == 1 and kb == N:
             _fail(fn, "scale_b", f"shape must be [1, N] for per-channel scales (pass "
                   f"weight_scale.t() of an [N, 1] weight scale)", _shape(scale_b))
-        if kb > 1 and nb > 1 and group_size(K, kb) is not None and group_size(N, nb) is not None:
+        if (kb > 1 or nb > 1) and group_size(K, kb, g) is not None and group_size(N, nb, g) is not None:
             return G.BLOCK
     _fail(fn, "scale_b", f"shape must be [] or [1] (per-tensor), [{N}] or [1, {N}] (per-channel), or "
-          f"[Kb, Nb] blocks over K={K}, N={N} (each count divides its dimension or equals "
-          f"ceil(dim/128))", _shape(scale_b))
+          f"[{-(-K // g)}, {-(-N // g)}] / [{-(-K // g)}, {N}] blocks of group_size={g} over K={K}, N={N}",
+          _shape(scale_b))
 
 
-def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias) -> Problem:
+def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size_: int = 128) -> Problem:
     """Check a scaled_mm call; return its Problem. `a` may have leading batch dimensions."""
     fn = "scaled_mm"
     _check_tensor(fn, "a", a)
-    _check_tensor(fn, "b", b)
+    if not isinstance(b, WeightSpec):
+        _check_tensor(fn, "b", b)
     if a.dim() < 2:
         _fail(fn, "a", "must have rank >= 2 ([..., M, K] or [M, K])", f"rank {a.dim()}")
     if b.dim() != 2:
@@ -139,6 +161,8 @@ def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias) -> Problem:
     weight_only = a.dtype in qd.ACTIVATION_DTYPES
     out_dtype = check_out_dtype(fn, out_dtype, a.dtype if weight_only else torch.bfloat16)
 
+    if not isinstance(group_size_, int) or group_size_ <= 0:
+        _fail(fn, "group_size", "must be a positive int", repr(group_size_))
     lead = tuple(int(d) for d in a.shape[:-1])
     K, N = int(a.shape[-1]), int(b.shape[1])
     M = 1
@@ -179,11 +203,11 @@ def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias) -> Problem:
         if scale_a is None:
             _fail(fn, "scale_a", "is required for W8A8 (a is quantized)", "None")
         _check_scale_tensor(fn, "scale_a", scale_a, a)
-        ga = _scale_a_granularity(scale_a, lead, M, K)
+        ga = _scale_a_granularity(scale_a, lead, M, K, group_size_)
     if scale_b is None:
         _fail(fn, "scale_b", "is required", "None")
     _check_scale_tensor(fn, "scale_b", scale_b, a)
-    gb = _scale_b_granularity(scale_b, K, N)
+    gb = _scale_b_granularity(scale_b, K, N, group_size_)
 
     if bias is not None:
         _check_tensor(fn, "bias", bias)
@@ -196,8 +220,9 @@ def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias) -> Problem:
         if N > 1 and bias.stride(0) != 1:
             _fail(fn, "bias", "must be contiguous", f"stride {bias.stride(0)}")
 
+    grouped = ga is G.GROUP or gb is G.BLOCK
     return Problem(Op.SCALED_MM, a.dtype, b.dtype, out_dtype, ga, gb, bias is not None,
-                   alignment(K), alignment(N))
+                   alignment(K), alignment(N), group=group_size_ if grouped else 0)
 
 
 def quantize_scale_shape(x: torch.Tensor, granularity: str, group: int, block: tuple) -> tuple:

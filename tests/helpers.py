@@ -19,8 +19,9 @@ def rand_scale(shape, gen, device="cpu"):
     return (torch.rand(shape, generator=gen) * 0.01 + 0.001).to(device)
 
 
-def block_expand(s: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Independent re-implementation of scale broadcasting (128 when count == ceil(dim/128), else dim // count)."""
+def block_expand(s: torch.Tensor, rows: int, cols: int, g: int = 128) -> torch.Tensor:
+    """Independent re-implementation of scale broadcasting: count 1 covers the whole dimension,
+    count == dim one per element, otherwise groups of g."""
     s = s.double()
     if s.numel() == 1:
         return s.reshape(1, 1).expand(rows, cols)
@@ -29,24 +30,24 @@ def block_expand(s: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     r, c = s.shape
 
     def size(n, k):
-        return n if k == 1 else (128 if k == -(-n // 128) else n // k)
+        return n if k == 1 else (1 if k == n else g)
 
     i = torch.arange(rows) // size(rows, r)
     j = torch.arange(cols) // size(cols, c)
     return s[i][:, j]
 
 
-def oracle_scaled_mm(a, b, scale_a, scale_b, bias=None):
+def oracle_scaled_mm(a, b, scale_a, scale_b, bias=None, g=128):
     """float64: sum_k sa[m,k] * sb[k,n] * a[m,k] * b[k,n] + bias, on the CPU."""
     a64, b64 = a.cpu().double(), b.cpu().double()
     M, K = a64.shape
     N = b64.shape[1]
     if scale_a is None:
-        out = a64 @ (b64 * block_expand(scale_b.cpu(), K, N))
+        out = a64 @ (b64 * block_expand(scale_b.cpu(), K, N, g))
     else:
         sa = scale_a.cpu()
         sa = sa.reshape(M, -1) if sa.numel() > 1 else sa
-        out = (a64 * block_expand(sa, M, K)) @ (b64 * block_expand(scale_b.cpu(), K, N))
+        out = (a64 * block_expand(sa, M, K, g)) @ (b64 * block_expand(scale_b.cpu(), K, N, g))
     if bias is not None:
         out = out + bias.cpu().double()
     return out

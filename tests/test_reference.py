@@ -20,7 +20,7 @@ def scale_for(kind, M, K, N, gen, side):
         return rand_scale((M, 1), gen) if kind == "token" else rand_scale((M, K // 32), gen)
     if kind == "channel":
         return rand_scale((1, N), gen)
-    return rand_scale((K // 32, (N + 127) // 128), gen)  # block: 32 along K, ceil-128 along N
+    return rand_scale((K // 32, (N + 31) // 32), gen)  # 32 x 32 blocks, the last N block partial
 
 
 @pytest.mark.parametrize("a_dtype,b_dtype", W8A8_DTYPES)
@@ -34,9 +34,9 @@ def test_w8a8_matches_float64(a_dtype, b_dtype, sa_kind, sb_kind, out_dtype, gen
     b = rand_q((N, K), b_dtype, gen).t()
     sa, sb = scale_for(sa_kind, M, K, N, gen, "a"), scale_for(sb_kind, M, K, N, gen, "b")
     bias = torch.randn(N, generator=gen).to(out_dtype)
-    out = qbackend.scaled_mm(a, b, sa, sb, out_dtype=out_dtype, bias=bias)
+    out = qbackend.scaled_mm(a, b, sa, sb, out_dtype=out_dtype, bias=bias, group_size=32)
     assert out.dtype == out_dtype and out.shape == (M, N)
-    assert_close(out, oracle_scaled_mm(a, b, sa, sb, bias), RTOL[out_dtype], f"{sa_kind}x{sb_kind}")
+    assert_close(out, oracle_scaled_mm(a, b, sa, sb, bias, g=32), RTOL[out_dtype], f"{sa_kind}x{sb_kind}")
 
 
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
@@ -167,4 +167,31 @@ def test_every_quant_combination_runs(gen):
     x = torch.randn(8, 256, generator=gen).to(torch.bfloat16)
     for dtype, gran in itertools.product(QMAX, ["tensor", "token", "group"]):
         q, s = qbackend.quantize(x, dtype, gran, group_size=64)
-        assert not torch.isnan(qbackend.dequantize(q, s, torch.float32)).any()
+        assert not torch.isnan(qbackend.dequantize(q, s, torch.float32, group_size=64)).any()
+
+
+def test_group_size_is_never_guessed(gen):
+    """Scales carry no group size: a count that fits only another size is an error, not a guess."""
+    x = torch.randn(4, 240, generator=gen)
+    q, s = qbackend.quantize(x, torch.float8_e4m3fn, "group", group_size=120)
+    assert s.shape == (4, 2)
+    back = qbackend.dequantize(q, s, torch.float32, group_size=120)
+    assert ((back - x).abs().max() / x.abs().max()).item() < 0.07
+    w = torch.randn(200, 200, generator=gen)
+    qw, sw = qbackend.quantize(w, torch.float8_e4m3fn, "block", block_size=(64, 64))
+    assert sw.shape == (4, 4)
+    with pytest.raises(ValueError, match="blocks of"):
+        qbackend.dequantize(qw, sw)  # 4 blocks do not fit 128-wide blocks of 200
+    back = qbackend.dequantize(qw, sw, torch.float32, block_size=(64, 64))
+    assert ((back - w).abs().max() / w.abs().max()).item() < 0.07
+    qa, sa = qbackend.quantize(torch.randn(3, 240, generator=gen), torch.float8_e4m3fn, "group", group_size=120)
+    b = rand_q((16, 240), torch.float8_e4m3fn, gen).t()
+    out = qbackend.scaled_mm(qa, b, sa, torch.ones(()), out_dtype=torch.float32, group_size=120)
+    assert_close(out, oracle_scaled_mm(qa, b, sa, torch.ones(()), g=120), RTOL[torch.float32])
+    with pytest.raises(ValueError, match="group_size=64"):
+        qbackend.scaled_mm(qa, b, sa, torch.ones(()), group_size=64)  # 64 needs 4 groups, not 2
+
+
+def test_empty_dynamic_quantize_scale_is_defined():
+    q, s = qbackend.quantize(torch.empty(0, 16), torch.float8_e4m3fn, "tensor")
+    assert q.shape == (0, 16) and s.item() == pytest.approx(1 / (448 * 512), rel=1e-6)

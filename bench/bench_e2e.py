@@ -1,0 +1,244 @@
+"""End-to-end speed: a Llama-3-8B-shaped decoder, bf16 against fp8_dynamic through qbackend.
+
+The model is built from a config with random weights (transformers, nothing downloaded); the fp8
+copy has every decoder Linear swapped for a QuantLinear (lm_head and embeddings stay bf16).
+
+  prefill: tokens/s for a batch of 8 x 2048 tokens (no KV cache; logits for the last token only,
+           as an engine computes them)
+  decode:  latency of one decode step at batch 1, 16 and 64 with a KV cache holding --context
+           tokens (transformers' StaticCache), replayed from a CUDA graph so that the host's
+           Python does not hide the GEMMs
+
+    python bench/bench_e2e.py                       # on the H200: bench/results/e2e_h200.json + .png
+    python bench/bench_e2e.py --tiny --device cpu   # smoke test of the script itself
+
+Output JSON: {"prefill": {"bf16_tok_s", "fp8_tok_s", ...}, "decode": [{"batch", "bf16_ms",
+"fp8_ms", ...}], plus the config, device, provider selection and notes}.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import inspect
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import qbackend
+from qbackend.nn import quantize_model
+
+TARGETS = {"prefill_speedup": 1.5, "decode_speedup_batch_1_16": 1.3}
+
+
+def llama3_8b_config(layers: int, tiny: bool):
+    from transformers import LlamaConfig
+    if tiny:
+        return LlamaConfig(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                           num_key_value_heads=2, num_hidden_layers=layers, vocab_size=1000,
+                           max_position_embeddings=4096)
+    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                       num_key_value_heads=8, num_hidden_layers=layers, vocab_size=128256,
+                       max_position_embeddings=8192, rope_theta=500000.0, attn_implementation="sdpa")
+
+
+def build_model(config, device):
+    from transformers import LlamaForCausalLM
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # build in bf16 directly: no fp32 copy of 8B-shaped layers
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+class Timer:
+    """Mean seconds per call: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __call__(self, fn, iters: int, warmup: int = 2) -> float:
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        times = []
+        for _ in range(iters):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def prefill_tok_s(model, batch, seq_len, vocab, device, iters) -> float:
+    ids = torch.randint(0, vocab, (batch, seq_len), device=device)
+    seconds = Timer(device)(lambda: model(ids, use_cache=False, logits_to_keep=1), iters)
+    return batch * seq_len / seconds
+
+
+@torch.no_grad()
+def decode_step_ms(model, config, batch, context, device, iters, graphs: bool) -> tuple[float, bool, str]:
+    """One decode step's latency with `context` tokens already in a static KV cache."""
+    from transformers import StaticCache
+    cache = StaticCache(config=config, max_cache_len=context + 8)
+    # transformers 5 renamed past_key_values to cache.
+    kv = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
+    prompt = torch.randint(0, config.vocab_size, (batch, context), device=device)
+    positions = torch.arange(context, device=device).unsqueeze(0).expand(batch, context)
+    model(prompt, position_ids=positions, use_cache=True, logits_to_keep=1, **kv)
+    step_ids = torch.randint(0, config.vocab_size, (batch, 1), device=device)
+    step_pos = torch.full((batch, 1), context, device=device)
+    # StaticCache advances a device-side write position on every call (graph replays included):
+    # rewind it first, so every timed step writes slot `context` instead of running off the end.
+    counters = [layer.cumulative_length for layer in getattr(cache, "layers", [])
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+    def step():
+        for c in counters:
+            c.fill_(context)
+        return model(step_ids, position_ids=step_pos, use_cache=True, logits_to_keep=1, **kv).logits
+
+    timer = Timer(device)
+    note = ""
+    if graphs and timer.cuda:
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm up (allocations, lazy init) off the capture
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            return timer(graph.replay, iters) * 1e3, True, note
+        except Exception as e:  # noqa: BLE001 - report and fall back to eager timing
+            note = f"CUDA graph capture failed at batch {batch}: {type(e).__name__}: {e}"
+            torch.cuda.synchronize()
+    return timer(step, iters) * 1e3, False, note
+
+
+@torch.no_grad()
+def logits_agreement(bf16_model, fp8_model, vocab, device) -> float:
+    """Cosine of last-token logits, fp8 vs bf16: a sanity check that the fp8 model computes."""
+    ids = torch.randint(0, vocab, (2, 64), device=device)
+    a = bf16_model(ids, use_cache=False, logits_to_keep=1).logits.float().flatten()
+    b = fp8_model(ids, use_cache=False, logits_to_keep=1).logits.float().flatten()
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    p = result["prefill"]
+    ax1.bar(["bf16", "fp8_dynamic"], [p["bf16_tok_s"], p["fp8_tok_s"]], color=["#888", "#2a7"])
+    ax1.set_title(f"prefill {p['batch']} x {p['seq_len']} tokens ({p['speedup']:.2f}x)")
+    ax1.set_ylabel("tokens / s")
+    d = result["decode"]
+    xs = range(len(d))
+    ax2.bar([x - 0.2 for x in xs], [r["bf16_ms"] for r in d], 0.4, label="bf16", color="#888")
+    ax2.bar([x + 0.2 for x in xs], [r["fp8_ms"] for r in d], 0.4, label="fp8_dynamic", color="#2a7")
+    ax2.set_xticks(list(xs), [f"batch {r['batch']}\n{r['speedup']:.2f}x" for r in d])
+    ax2.set_ylabel("ms per decode step")
+    ax2.set_title(f"decode, {result['decode_context']} tokens of context"
+                  f"{' (CUDA graphs)' if all(r['graphs'] for r in d) else ''}")
+    ax2.legend()
+    fig.suptitle(f"{result['model']} on {result['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--prefill-batch", type=int, default=8)
+    ap.add_argument("--prefill-len", type=int, default=2048)
+    ap.add_argument("--decode-batches", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--context", type=int, default=1024, help="tokens in the KV cache while decoding")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="a small config, to test the script")
+    ap.add_argument("--out", default="bench/results/e2e_h200.json")
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    config = llama3_8b_config(args.layers, args.tiny)
+    bf16 = build_model(config, device)
+    fp8 = quantize_model(copy.deepcopy(bf16), "fp8_dynamic", ignore=["lm_head"])
+    notes = []
+    result = {
+        "model": f"Llama-3-8B-shaped, {args.layers} layers, random weights{' (tiny)' if args.tiny else ''}",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "qbackend": qbackend.__version__,
+        "config": {k: getattr(config, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                   "num_key_value_heads", "num_hidden_layers", "vocab_size")},
+        "targets": TARGETS,
+    }
+    try:
+        table = qbackend.selection_table(qbackend.device_info(device))
+        result["providers"] = {kind: name for kind, (name, _) in table.items()}
+    except Exception as e:  # noqa: BLE001 - informational only
+        notes.append(f"provider table unavailable: {e}")
+    result["logits_cosine_fp8_vs_bf16"] = logits_agreement(bf16, fp8, config.vocab_size, device)
+
+    shape = (args.prefill_batch, args.prefill_len, config.vocab_size, device, args.iters)
+    bf16_tok_s, fp8_tok_s = prefill_tok_s(bf16, *shape), prefill_tok_s(fp8, *shape)
+    result["prefill"] = {"bf16_tok_s": bf16_tok_s, "fp8_tok_s": fp8_tok_s, "speedup": fp8_tok_s / bf16_tok_s,
+                         "batch": args.prefill_batch, "seq_len": args.prefill_len}
+    result["decode_context"] = args.context
+    result["decode"] = []
+    for batch in args.decode_batches:
+        row = {"batch": batch}
+        for name, model in (("bf16", bf16), ("fp8", fp8)):
+            ms, graphs, note = decode_step_ms(model, config, batch, args.context, device, args.iters * 5,
+                                              not args.no_graphs)
+            row[f"{name}_ms"] = ms
+            row["graphs"] = graphs and row.get("graphs", True)
+            if note:
+                notes.append(f"{name}: {note}")
+        row["speedup"] = row["bf16_ms"] / row["fp8_ms"]
+        result["decode"].append(row)
+
+    p = result["prefill"]
+    if p["speedup"] < TARGETS["prefill_speedup"]:
+        notes.append(f"prefill speedup {p['speedup']:.2f}x misses the {TARGETS['prefill_speedup']}x target")
+    for row in result["decode"]:
+        if row["batch"] in (1, 16) and row["speedup"] < TARGETS["decode_speedup_batch_1_16"]:
+            notes.append(f"decode batch {row['batch']} speedup {row['speedup']:.2f}x misses the "
+                         f"{TARGETS['decode_speedup_batch_1_16']}x target")
+    result["notes"] = notes
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        plot(result, out.with_suffix(".png"))
+    except ImportError:
+        notes.append("matplotlib not installed: no plot")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"prefill": result["prefill"], "decode": result["decode"], "notes": notes}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

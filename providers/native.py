@@ -1,0 +1,303 @@
+"""ctypes binding of libqbackend_cuda's scaled_mm and quantize entry points (csrc_cuda/include/qbackend_cuda.h).
+
+Self-contained (ctypes, os, threading, torch). The library is looked up at $QBACKEND_CUDA_LIB, else at
+providers/_lib/libqbackend_cuda.so next to this module. Importing never raises: `load()` returns the
+handle or None, `load_error()` says why not. Loading makes no CUDA call (no context is created).
+
+    scaled_mm(a, b, scale_a, scale_b, bias, out)   # out[M, N] = scale_a * scale_b * (a @ b) + bias
+    quantize(x2d, q, scale, mode, scale_ub, workspace)
+
+Both are CUDA-graph capturable: no host sync; the only allocation is scaled_mm's split-K workspace,
+taken from torch's caching allocator (graph-private memory while capturing). Errors raise
+RuntimeError with the library's message.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import torch
+
+__all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75",
+           "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
+           "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size", "quantize",
+           "quantize_workspace_size", "config_names", "override"]
+
+VARIANT_AUTO, VARIANT_SM90, VARIANT_SM89, VARIANT_SM80, VARIANT_SM75 = 0, 90, 89, 80, 75
+STATIC_TENSOR, DYNAMIC_TENSOR, DYNAMIC_TOKEN = 0, 1, 2          # qb_quant_mode
+_SCALE_TENSOR, _SCALE_ROW = 0, 1                               # qb_scale_kind
+_DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 3,
+          torch.float8_e5m2: 4, torch.int8: 5, torch.int32: 6}  # qb_dtype
+_STATUS = {0: "QB_OK", 1: "QB_ERR_INVALID_ARGUMENT", 2: "QB_ERR_UNSUPPORTED", 3: "QB_ERR_NOT_BUILT",
+           4: "QB_ERR_CUDA"}
+_ERR_LEN = 1024
+_WS_CACHE_MAX = 4096
+
+_lock = threading.Lock()
+_lib = None
+_load_error: str | None = None
+_tried = False
+_tls = threading.local()   # per-thread error buffer
+_ws_need: dict = {}        # (device, M, N, K, a code, out code, variant) -> workspace bytes
+
+
+def library_path() -> str:
+    return os.environ.get("QBACKEND_CUDA_LIB") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "_lib", "libqbackend_cuda.so")
+
+
+def _bind(lib) -> None:
+    c = ctypes
+    i64, sz, vp, ip, fp = c.c_int64, c.c_size_t, c.c_void_p, c.c_int, c.c_void_p
+    lib.qb_build_info.argtypes = [c.c_char_p, sz]
+    lib.qb_build_info.restype = ip
+    lib.qb_has_variant.argtypes = [c.c_char_p, ip]
+    lib.qb_has_variant.restype = ip
+    mm = [vp, i64, vp, i64, vp, i64, i64, i64, i64, ip, ip, ip, fp, ip, fp, ip, vp, ip]
+    lib.qb_scaled_mm.argtypes = mm + [vp, c.c_char_p, sz]
+    lib.qb_scaled_mm.restype = ip
+    lib.qb_scaled_mm_ws.argtypes = mm + [vp, sz, vp, c.c_char_p, sz]
+    lib.qb_scaled_mm_ws.restype = ip
+    lib.qb_scaled_mm_workspace_size.argtypes = [i64, i64, i64, ip, ip, ip]
+    lib.qb_scaled_mm_workspace_size.restype = sz
+    lib.qb_scaled_mm_config_count.argtypes = [ip, ip]
+    lib.qb_scaled_mm_config_count.restype = ip
+    lib.qb_scaled_mm_config_name.argtypes = [ip, ip, ip]
+    lib.qb_scaled_mm_config_name.restype = c.c_char_p
+    lib.qb_scaled_mm_override.argtypes = [ip, ip, ip]
+    lib.qb_scaled_mm_override.restype = None
+    lib.qb_quantize.argtypes = [vp, i64, vp, i64, fp, i64, i64, ip, ip, ip, fp, vp, vp, c.c_char_p, sz]
+    lib.qb_quantize.restype = ip
+    lib.qb_quantize_workspace_size.argtypes = [i64, i64, ip]
+    lib.qb_quantize_workspace_size.restype = sz
+
+
+def load():
+    """The library handle (ctypes.CDLL), or None when it cannot be loaded (see load_error())."""
+    global _lib, _load_error, _tried
+    if _tried:
+        return _lib
+    with _lock:
+        if not _tried:
+            path = library_path()
+            try:
+                if not os.path.exists(path):
+                    raise OSError(f"not found: {path} (build csrc_cuda or set QBACKEND_CUDA_LIB)")
+                lib = ctypes.CDLL(path)
+                _bind(lib)
+                _lib = lib
+            except (OSError, AttributeError) as e:  # AttributeError: a missing entry point
+                _load_error = f"{type(e).__name__}: {e}"
+            _tried = True
+    return _lib
+
+
+def load_error() -> str | None:
+    load()
+    return _load_error
+
+
+def _need():
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"libqbackend_cuda not available: {_load_error}")
+    return lib
+
+
+def _errbuf():
+    buf = getattr(_tls, "buf", None)
+    if buf is None:
+        buf = _tls.buf = ctypes.create_string_buffer(_ERR_LEN)
+    return buf
+
+
+def _raise(fn: str, status: int, buf) -> None:
+    msg = buf.value.decode(errors="replace") or "(no message)"
+    raise RuntimeError(f"{fn} failed ({_STATUS.get(status, status)}): {msg}")
+
+
+def has_variant(op: str, variant: int = 0) -> bool:
+    lib = load()
+    return bool(lib is not None and lib.qb_has_variant(op.encode(), int(variant)))
+
+
+def build_info() -> dict:
+    """{"abi": int, "archs": [str], "variants": {op: [int]}, "cuda_runtime": int, "cutlass": str, "path": str}."""
+    lib = _need()
+    buf = ctypes.create_string_buffer(4096)
+    lib.qb_build_info(buf, len(buf))
+    info: dict = {"variants": {}, "path": library_path()}
+    for line in buf.value.decode().splitlines():
+        key, _, val = line.partition("=")
+        if key.startswith("variants."):
+            info["variants"][key[len("variants."):]] = [int(v) for v in val.split()]
+        elif key == "archs":
+            info["archs"] = val.split()
+        elif key in ("abi", "cuda_runtime"):
+            info[key] = int(val)
+        elif key:
+            info[key] = val
+    return info
+
+
+def describe() -> dict:
+    """For `qbackend info`: {"name", "path", "loaded", "archs", "error"}."""
+    lib = load()
+    d = {"name": "libqbackend_cuda", "path": library_path(), "loaded": lib is not None, "archs": [],
+         "error": _load_error}
+    if lib is not None:
+        info = build_info()
+        d["archs"] = info.get("archs", [])
+        d["variants"] = info.get("variants", {})
+    return d
+
+
+def _code(t: torch.Tensor, what: str) -> int:
+    try:
+        return _DTYPE[t.dtype]
+    except KeyError:
+        raise TypeError(f"{what}: unsupported dtype {t.dtype}") from None
+
+
+class _on_device:
+    """Make `dev` the current CUDA device for the call, only switching when it is not already."""
+    __slots__ = ("dev", "prev")
+
+    def __init__(self, dev: torch.device):
+        self.dev = dev.index if dev.index is not None else torch.cuda.current_device()
+        self.prev = None
+
+    def __enter__(self):
+        cur = torch.cuda.current_device()
+        if cur != self.dev:
+            self.prev = cur
+            torch.cuda.set_device(self.dev)
+        return self.dev
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            torch.cuda.set_device(self.prev)
+
+
+def scaled_mm_workspace_size(M: int, N: int, K: int, a_dtype: torch.dtype, out_dtype: torch.dtype,
+                             variant: int = 0) -> int:
+    """Bytes of workspace the library wants for this problem on the current device (0: none)."""
+    return int(_need().qb_scaled_mm_workspace_size(M, N, K, _DTYPE[a_dtype], _DTYPE[out_dtype], int(variant)))
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+              bias: torch.Tensor | None, out: torch.Tensor, variant: int = 0,
+              workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """out[M, N] = (scale_a * scale_b) * (a @ b) + bias, written into the preallocated `out`.
+
+    a: [M, K] e4m3fn/int8 with unit column stride (any row stride); b: [K, N] column-major (w.t() of a
+    row-major [N, K] weight); scale_a: fp32 with 1 or M elements; scale_b: fp32 with 1 or N elements;
+    bias: None or [N] in out's dtype; out: [M, N] bf16/fp16 with unit column stride.
+    `workspace` (uint8 CUDA tensor) overrides the split-K scratch this function would allocate.
+    """
+    lib = _need()
+    M, K = a.shape
+    N = b.shape[1]
+    if a.stride(1) != 1 and K > 1:
+        raise ValueError(f"scaled_mm: a must have unit column stride, got strides {tuple(a.stride())}")
+    if b.stride(0) != 1 and K > 1:
+        raise ValueError(f"scaled_mm: b must be column-major ([K, N] view of a row-major [N, K]), got strides "
+                         f"{tuple(b.stride())}")
+    if out.stride(1) != 1 and N > 1:
+        raise ValueError(f"scaled_mm: out must have unit column stride, got strides {tuple(out.stride())}")
+    if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
+        raise TypeError("scaled_mm: scale_a and scale_b must be float32")
+    na, nb = scale_a.numel(), scale_b.numel()
+    if na not in (1, M) or nb not in (1, N):
+        raise ValueError(f"scaled_mm: scale_a needs 1 or M={M} elements (got {na}), scale_b 1 or N={N} (got {nb})")
+    if (na > 1 and not scale_a.is_contiguous()) or (nb > 1 and not scale_b.is_contiguous()):
+        raise ValueError("scaled_mm: per-row / per-column scales must be contiguous")
+    if bias is not None and (bias.numel() != N or not bias.is_contiguous() or bias.dtype != out.dtype):
+        raise ValueError(f"scaled_mm: bias must be a contiguous [{N}] tensor of {out.dtype}")
+    lda = a.stride(0) if M > 1 else K
+    ldb = b.stride(1)
+    ldo = out.stride(0) if M > 1 else N
+    ac, bc, oc = _code(a, "a"), _code(b, "b"), _code(out, "out")
+    kind_a = _SCALE_ROW if na > 1 else _SCALE_TENSOR
+    kind_b = _SCALE_ROW if nb > 1 else _SCALE_TENSOR
+    if M == 0:
+        return out
+    with _on_device(a.device) as dev:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        if workspace is None:
+            key = (dev, M, N, K, ac, oc, variant)
+            need = _ws_need.get(key)
+            if need is None:
+                if len(_ws_need) > _WS_CACHE_MAX:
+                    _ws_need.clear()
+                need = _ws_need[key] = int(lib.qb_scaled_mm_workspace_size(M, N, K, ac, oc, int(variant)))
+            if need:
+                workspace = torch.empty(need, dtype=torch.uint8, device=a.device)
+        ws_ptr = workspace.data_ptr() if workspace is not None else None
+        ws_len = workspace.numel() * workspace.element_size() if workspace is not None else 0
+        buf = _errbuf()
+        st = lib.qb_scaled_mm_ws(a.data_ptr(), lda, b.data_ptr(), ldb, out.data_ptr(), ldo, M, N, K, ac, bc, oc,
+                                 scale_a.data_ptr(), kind_a, scale_b.data_ptr(), kind_b,
+                                 bias.data_ptr() if bias is not None else None, int(variant), ws_ptr, ws_len,
+                                 stream, buf, _ERR_LEN)
+    if st:
+        _raise("qb_scaled_mm", st, buf)
+    return out
+
+
+def quantize_workspace_size(rows: int, cols: int, mode: int) -> int:
+    return int(_need().qb_quantize_workspace_size(rows, cols, mode))
+
+
+def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
+             scale_ub: torch.Tensor | None = None, workspace: torch.Tensor | None = None) -> None:
+    """q = saturate(x2d / scale) into the preallocated q; scale is read (STATIC_TENSOR) or written.
+
+    x2d: [rows, cols] f32/f16/bf16 with unit column stride (any row stride); q: [rows, cols]
+    e4m3fn/e5m2/int8 with unit column stride; scale: fp32, 1 element (tensor modes) or `rows`
+    contiguous elements (DYNAMIC_TOKEN); scale_ub: None or a 1-element fp32 CUDA tensor (dynamic
+    modes); workspace: None or quantize_workspace_size() bytes for DYNAMIC_TENSOR (without it the
+    library accumulates in `scale` and needs one more tiny launch).
+    """
+    lib = _need()
+    rows, cols = x2d.shape
+    if x2d.stride(1) != 1 and cols > 1:
+        raise ValueError(f"quantize: x must have unit column stride, got strides {tuple(x2d.stride())}")
+    if q.shape != x2d.shape or (q.stride(1) != 1 and cols > 1):
+        raise ValueError(f"quantize: q must be {tuple(x2d.shape)} with unit column stride")
+    if scale.dtype != torch.float32:
+        raise TypeError("quantize: scale must be float32")
+    want = rows if mode == DYNAMIC_TOKEN else 1
+    if scale.numel() != want or not scale.is_contiguous():
+        raise ValueError(f"quantize: scale must be a contiguous fp32 tensor of {want} element(s)")
+    if scale_ub is not None and (scale_ub.dtype != torch.float32 or scale_ub.numel() != 1):
+        raise ValueError("quantize: scale_ub must be a 1-element fp32 tensor")
+    if rows == 0:
+        return
+    ldx = x2d.stride(0) if rows > 1 else cols
+    ldq = q.stride(0) if rows > 1 else cols
+    with _on_device(x2d.device) as dev:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        buf = _errbuf()
+        st = lib.qb_quantize(x2d.data_ptr(), ldx, q.data_ptr(), ldq, scale.data_ptr(), rows, cols,
+                             _code(x2d, "x"), _code(q, "q"), int(mode),
+                             scale_ub.data_ptr() if scale_ub is not None else None,
+                             workspace.data_ptr() if workspace is not None else None, stream, buf, _ERR_LEN)
+    if st:
+        _raise("qb_quantize", st, buf)
+
+
+def config_names(a_dtype: torch.dtype, variant: int) -> list[str]:
+    """Tuning: the kernel configs of a (non-AUTO) variant, index = config id for override()."""
+    lib = _need()
+    code = _DTYPE[a_dtype]
+    return [lib.qb_scaled_mm_config_name(code, variant, i).decode()
+            for i in range(lib.qb_scaled_mm_config_count(code, variant))]
+
+
+def override(config: int = -1, decomposition: int = -1, splits: int = -1) -> None:
+    """Tuning/tests: force a config / decomposition (0 DP, 1 split-K, 2 stream-K, 3 heuristic) / split
+    count for this thread's later scaled_mm calls; override() restores the automatic choice."""
+    _need().qb_scaled_mm_override(int(config), int(decomposition), int(splits))
+    _ws_need.clear()
