@@ -12,7 +12,7 @@ import torch
 
 import qbackend
 from qbackend import dtypes as qd
-from qbackend.problem import Granularity as G, Op, Verdict
+from qbackend.problem import Op, Verdict
 from qbackend.provider import Provider, Rule, granularities
 
 from . import native

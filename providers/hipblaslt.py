@@ -9,8 +9,6 @@ Under QBACKEND_SIMULATE=gfx942 / gfx950 the rules answer as if it were built.
 """
 from __future__ import annotations
 
-import torch
-
 import qbackend
 from qbackend import dtypes as qd
 from qbackend.problem import Op, Verdict

@@ -3,8 +3,18 @@
 1-byte e4m3 weights are streamed from memory and dequantized in registers; the math runs on
 fp16/bf16 tensor cores with fp32 accumulation. It serves sm_75 to sm_86 and can be forced
 (QBACKEND_PROVIDER=marlin) on newer chips, where its PTX runs through the driver's JIT.
+The sm_75 path takes fp16 activations only (no bf16 tensor cores there): bf16 is refused with
+that reason rather than silently converted.
+
+Weights are repacked once by prepare_weight (qbackend.prepare_weight / QuantLinear). A plain
+scaled_mm call with a column-major fp8 weight repacks it on every call (correct, but the repack
+reads and writes the weight again): a one-time warning says so.
+QBACKEND_MARLIN_VARIANT=80|75 forces a kernel family (verification of the PTX paths).
 """
 from __future__ import annotations
+
+import os
+import warnings
 
 import torch
 
@@ -12,40 +22,79 @@ import qbackend
 from qbackend import dtypes as qd
 from qbackend.problem import Op, Verdict
 from qbackend.provider import Provider, Rule, granularities
+from qbackend.weights import PreparedWeight
 
-from . import native
+from . import marlin_native
 
 CUDA = frozenset({"cuda"})
 NEWEST = 10**3  # forceable on every newer chip
+VARIANT_ENV = "QBACKEND_MARLIN_VARIANT"
+LAYOUT = "marlin-128x128"
 
 
 class MarlinProvider(Provider):
     def __init__(self):
-        none, wscale = granularities("none"), granularities("tensor", "channel")
-        common = dict(min_sm=75, max_sm=86, forceable_max_sm=NEWEST, k_align=16, n_align=16,
-                      why_arch="no fp8 tensor cores: W8A16")
         super().__init__(
             name="marlin", priority=90,
             description="Marlin-style FP8 weight-only GEMM (W8A16), dequantization in registers",
             rules=(
                 Rule(Op.SCALED_MM, CUDA, frozenset({(torch.float16, qd.E4M3), (torch.bfloat16, qd.E4M3)}),
-                     none, wscale, frozenset({torch.float16, torch.bfloat16}), **common),
+                     granularities("none"), granularities("tensor", "channel"),
+                     frozenset({torch.float16, torch.bfloat16}), min_sm=75, max_sm=86,
+                     forceable_max_sm=NEWEST, k_align=16, n_align=8,
+                     why_arch="no fp8 tensor cores: W8A16"),
             ))
+        text = os.environ.get(VARIANT_ENV, "").strip()
+        self.variant = int(text) if text in ("75", "80") else 0
+        if text and not self.variant:
+            raise ValueError(f"{VARIANT_ENV}={text!r}: expected 80 or 75")
+        self._warned = False
+
+    def _family(self, device) -> int:
+        return self.variant or (80 if (device.sm or 0) >= 80 else 75)
 
     def runtime_verdict(self, device, problem):
         if problem.out_dtype != problem.a_dtype:
             return Verdict(False, "writes its output in the activation dtype "
                                   f"({qd.dtype_name(problem.a_dtype)}), not {qd.dtype_name(problem.out_dtype)}")
+        family = self._family(device)
+        if family == 75 and problem.a_dtype == torch.bfloat16:
+            return Verdict(False, "the sm_75 path takes float16 activations only (no bf16 tensor cores)")
         if device.simulated:
             return None
-        if native.load() is None:
-            return Verdict(False, f"native library not available: {native.load_error()}")
-        if not (native.has_variant("marlin", 80) or native.has_variant("marlin", 75)):
-            return Verdict(False, "library built without marlin kernels")
+        if marlin_native.load() is None:
+            return Verdict(False, f"native library not available: {marlin_native.load_error()}")
+        if not marlin_native.has_variant(family):
+            return Verdict(False, f"library built without the sm_{family} marlin kernels")
         return None
 
+    def prepare_weight(self, w_q, scale_b, problem):
+        N, K = w_q.shape
+        packed = marlin_native.prepare(w_q)
+        return PreparedWeight(self.name, LAYOUT, packed, scale_b, N, K, w_q.dtype, problem)
+
+    def _mm(self, a, packed, scale_b, bias, N, K):
+        out = torch.empty((a.shape[0], N), dtype=a.dtype, device=a.device)
+        return marlin_native.mm(a, packed, scale_b.reshape(-1).contiguous(), bias, out, N, K,
+                                variant=self.variant)
+
+    def scaled_mm_prepared(self, a, weight, scale_a, out_dtype, bias, problem):
+        if weight.layout != LAYOUT:
+            return self.scaled_mm(a, weight.data.t(), scale_a, weight.scale, out_dtype, bias, problem)
+        return self._mm(a, weight.data, weight.scale, bias, weight.N, weight.K)
+
     def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem):
-        raise NotImplementedError("marlin scaled_mm needs a prepared weight; not wired yet")
+        if not self._warned:
+            self._warned = True
+            warnings.warn("qbackend: marlin repacks an unprepared fp8 weight on every scaled_mm "
+                          "call; prepare it once with qbackend.prepare_weight (or use QuantLinear)",
+                          stacklevel=4)
+        K, N = b.shape
+        packed = marlin_native.prepare(b.t(), check_nan=False)
+        return self._mm(a, packed, scale_b, bias, N, K)
+
+    def info(self):
+        return {"variant": self.variant or "auto"}
 
 
 @qbackend.hookimpl

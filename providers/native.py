@@ -1,4 +1,5 @@
-"""ctypes binding of libqbackend_cuda's scaled_mm and quantize entry points (csrc_cuda/include/qbackend_cuda.h).
+"""ctypes binding of libqbackend_cuda's scaled_mm and quantize entry points
+(csrc_cuda/include/qbackend_cuda.h).
 
 Self-contained (ctypes, os, threading, torch). The library is looked up at $QBACKEND_CUDA_LIB, else at
 providers/_lib/libqbackend_cuda.so next to this module. Importing never raises: `load()` returns the
@@ -22,7 +23,7 @@ import torch
 __all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75",
            "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
            "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size", "quantize",
-           "quantize_workspace_size", "config_names", "override"]
+           "quantize_workspace_size", "quantize_override", "config_names", "override"]
 
 VARIANT_AUTO, VARIANT_SM90, VARIANT_SM89, VARIANT_SM80, VARIANT_SM75 = 0, 90, 89, 80, 75
 STATIC_TENSOR, DYNAMIC_TENSOR, DYNAMIC_TOKEN = 0, 1, 2          # qb_quant_mode
@@ -65,12 +66,14 @@ def _bind(lib) -> None:
     lib.qb_scaled_mm_config_count.restype = ip
     lib.qb_scaled_mm_config_name.argtypes = [ip, ip, ip]
     lib.qb_scaled_mm_config_name.restype = c.c_char_p
-    lib.qb_scaled_mm_override.argtypes = [ip, ip, ip]
+    lib.qb_scaled_mm_override.argtypes = [ip, ip, ip, ip]
     lib.qb_scaled_mm_override.restype = None
     lib.qb_quantize.argtypes = [vp, i64, vp, i64, fp, i64, i64, ip, ip, ip, fp, vp, vp, c.c_char_p, sz]
     lib.qb_quantize.restype = ip
     lib.qb_quantize_workspace_size.argtypes = [i64, i64, ip]
     lib.qb_quantize_workspace_size.restype = sz
+    lib.qb_quantize_override.argtypes = [ip]
+    lib.qb_quantize_override.restype = None
 
 
 def load():
@@ -123,7 +126,8 @@ def has_variant(op: str, variant: int = 0) -> bool:
 
 
 def build_info() -> dict:
-    """{"abi": int, "archs": [str], "variants": {op: [int]}, "cuda_runtime": int, "cutlass": str, "path": str}."""
+    """{"abi": int, "archs": [str], "variants": {op: [int]}, "cuda_runtime": int, "cutlass": str,
+    "path": str}."""
     lib = _need()
     buf = ctypes.create_string_buffer(4096)
     lib.qb_build_info(buf, len(buf))
@@ -202,15 +206,16 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     if a.stride(1) != 1 and K > 1:
         raise ValueError(f"scaled_mm: a must have unit column stride, got strides {tuple(a.stride())}")
     if b.stride(0) != 1 and K > 1:
-        raise ValueError(f"scaled_mm: b must be column-major ([K, N] view of a row-major [N, K]), got strides "
-                         f"{tuple(b.stride())}")
+        raise ValueError(f"scaled_mm: b must be column-major ([K, N] view of a row-major [N, K]), "
+                         f"got strides {tuple(b.stride())}")
     if out.stride(1) != 1 and N > 1:
         raise ValueError(f"scaled_mm: out must have unit column stride, got strides {tuple(out.stride())}")
     if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
         raise TypeError("scaled_mm: scale_a and scale_b must be float32")
     na, nb = scale_a.numel(), scale_b.numel()
     if na not in (1, M) or nb not in (1, N):
-        raise ValueError(f"scaled_mm: scale_a needs 1 or M={M} elements (got {na}), scale_b 1 or N={N} (got {nb})")
+        raise ValueError(f"scaled_mm: scale_a needs 1 or M={M} elements (got {na}), "
+                         f"scale_b 1 or N={N} (got {nb})")
     if (na > 1 and not scale_a.is_contiguous()) or (nb > 1 and not scale_b.is_contiguous()):
         raise ValueError("scaled_mm: per-row / per-column scales must be contiguous")
     if bias is not None and (bias.numel() != N or not bias.is_contiguous() or bias.dtype != out.dtype):
@@ -237,7 +242,8 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
         ws_ptr = workspace.data_ptr() if workspace is not None else None
         ws_len = workspace.numel() * workspace.element_size() if workspace is not None else 0
         buf = _errbuf()
-        st = lib.qb_scaled_mm_ws(a.data_ptr(), lda, b.data_ptr(), ldb, out.data_ptr(), ldo, M, N, K, ac, bc, oc,
+        st = lib.qb_scaled_mm_ws(a.data_ptr(), lda, b.data_ptr(), ldb, out.data_ptr(), ldo, M, N, K,
+                                 ac, bc, oc,
                                  scale_a.data_ptr(), kind_a, scale_b.data_ptr(), kind_b,
                                  bias.data_ptr() if bias is not None else None, int(variant), ws_ptr, ws_len,
                                  stream, buf, _ERR_LEN)
@@ -251,7 +257,7 @@ def quantize_workspace_size(rows: int, cols: int, mode: int) -> int:
 
 
 def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
-             scale_ub: torch.Tensor | None = None, workspace: torch.Tensor | None = None) -> None:
+             scale_ub: torch.Tensor | float | None = None, workspace: torch.Tensor | None = None) -> None:
     """q = saturate(x2d / scale) into the preallocated q; scale is read (STATIC_TENSOR) or written.
 
     x2d: [rows, cols] f32/f16/bf16 with unit column stride (any row stride); q: [rows, cols]
@@ -271,6 +277,8 @@ def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
     want = rows if mode == DYNAMIC_TOKEN else 1
     if scale.numel() != want or not scale.is_contiguous():
         raise ValueError(f"quantize: scale must be a contiguous fp32 tensor of {want} element(s)")
+    if isinstance(scale_ub, (int, float)):  # convenience; pass a tensor to stay CUDA-graph friendly
+        scale_ub = torch.full((1,), float(scale_ub), dtype=torch.float32, device=x2d.device)
     if scale_ub is not None and (scale_ub.dtype != torch.float32 or scale_ub.numel() != 1):
         raise ValueError("quantize: scale_ub must be a 1-element fp32 tensor")
     if rows == 0:
@@ -288,6 +296,11 @@ def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
         _raise("qb_quantize", st, buf)
 
 
+def quantize_override(token_kernel: int = -1) -> None:
+    """Tuning/tests: force the per-token kernel (0 block per row, 1 row-pipelined; -1 automatic)."""
+    _need().qb_quantize_override(int(token_kernel))
+
+
 def config_names(a_dtype: torch.dtype, variant: int) -> list[str]:
     """Tuning: the kernel configs of a (non-AUTO) variant, index = config id for override()."""
     lib = _need()
@@ -296,8 +309,9 @@ def config_names(a_dtype: torch.dtype, variant: int) -> list[str]:
             for i in range(lib.qb_scaled_mm_config_count(code, variant))]
 
 
-def override(config: int = -1, decomposition: int = -1, splits: int = -1) -> None:
+def override(config: int = -1, decomposition: int = -1, splits: int = -1, swizzle: int = -1) -> None:
     """Tuning/tests: force a config / decomposition (0 DP, 1 split-K, 2 stream-K, 3 heuristic) / split
-    count for this thread's later scaled_mm calls; override() restores the automatic choice."""
-    _need().qb_scaled_mm_override(int(config), int(decomposition), int(splits))
+    count / tile swizzle for this thread's later scaled_mm calls; override() restores the automatic
+    choice."""
+    _need().qb_scaled_mm_override(int(config), int(decomposition), int(splits), int(swizzle))
     _ws_need.clear()

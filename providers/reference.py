@@ -13,7 +13,8 @@ import torch
 
 import qbackend
 from qbackend import dtypes as qd
-from qbackend.problem import Granularity as G, Op
+from qbackend.problem import Granularity as G
+from qbackend.problem import Op
 from qbackend.provider import Provider, Rule, granularities
 from qbackend.scales import expand, group_size
 
@@ -119,7 +120,10 @@ def reference_quantize(x, dtype, granularity, scale, scale_ub, group, block):
         amax = _amax(xf, granularity, group, block)
         if scale_ub is not None:
             amax = torch.minimum(amax, scale_ub.reshape(()))
-        scale = torch.clamp(amax / qd.qmax(dtype), min=qd.min_scale(dtype))
+        # Tensor / tensor division: IEEE-rounded on every device (torch turns division by a
+        # Python scalar into multiplication by its reciprocal on CUDA, which can differ by 1 ulp).
+        qmax = torch.full_like(amax, qd.qmax(dtype))
+        scale = torch.clamp(amax / qmax, min=qd.min_scale(dtype))
     q = saturate_cast(xf / _expand_like(scale.float(), xf, granularity, block), dtype)
     return q, scale
 

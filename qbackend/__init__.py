@@ -9,23 +9,23 @@ use, and no GPU is initialized.
 """
 from __future__ import annotations
 
-from .hookspecs import hookimpl
-from .problem import PROBLEM_KINDS, Granularity, Op, Problem, Verdict
-from .probe import DeviceInfo, device_info
-from .provider import Provider, Rule
 from .api import dequantize, linear, quantize, scaled_mm
-from .weights import PreparedWeight, prepare_weight
+from .convert import convert_checkpoint
+from .formats import CheckpointError, load_checkpoint, load_gguf, load_quantized, save_quantized
+from .fp8 import native_fp8_dtype, to_fnuz
+from .hookspecs import hookimpl
+from .nn import QuantLinear, calibrate, calibration, quantize_model
+from .probe import DeviceInfo, device_info
+from .problem import PROBLEM_KINDS, Granularity, Op, Problem, Verdict
+from .provider import Provider, Rule
 from .registry import NoProviderError
 from .selection import explain, select, selection_table
-from .fp8 import native_fp8_dtype, to_fnuz
-
-from .nn import QuantLinear, calibrate, calibration, quantize_model
-from .formats import CheckpointError, load_checkpoint, load_gguf, load_quantized, save_quantized
-from .convert import convert_checkpoint
+from .weights import PreparedWeight, prepare_weight
 
 __version__ = "0.1.0"
 
-__all__ = ["scaled_mm", "quantize", "dequantize", "prepare_weight", "linear", "PreparedWeight", "select", "explain", "selection_table",
+__all__ = ["scaled_mm", "quantize", "dequantize", "prepare_weight", "linear", "PreparedWeight",
+           "select", "explain", "selection_table",
            "device_info", "DeviceInfo", "Provider", "Rule", "Problem", "Verdict", "Granularity",
            "Op", "PROBLEM_KINDS", "NoProviderError", "hookimpl", "native_fp8_dtype", "to_fnuz",
            "QuantLinear", "quantize_model", "calibrate", "calibration", "load_checkpoint",

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from . import dtypes as qd
-from .problem import Granularity as G, Op, Problem, alignment
+from .problem import Granularity as G
+from .problem import Op, Problem, alignment
 from .scales import group_size
 
 # |a|, |b| <= 128 for int8: K products of 2^14 stay inside int32 up to this K.
@@ -137,8 +138,8 @@ def _scale_b_granularity(scale_b: torch.Tensor, K: int, N: int, g: int) -> G:
     if scale_b.dim() == 2:
         kb, nb = shape
         if nb == 1 and kb == N:
-            _fail(fn, "scale_b", f"shape must be [1, N] for per-channel scales (pass "
-                  f"weight_scale.t() of an [N, 1] weight scale)", _shape(scale_b))
+            _fail(fn, "scale_b", "shape must be [1, N] for per-channel scales (pass "
+                  "weight_scale.t() of an [N, 1] weight scale)", _shape(scale_b))
         if (kb > 1 or nb > 1) and group_size(K, kb, g) is not None and group_size(N, nb, g) is not None:
             return G.BLOCK
     _fail(fn, "scale_b", f"shape must be [] or [1] (per-tensor), [{N}] or [1, {N}] (per-channel), or "

@@ -100,7 +100,7 @@ def oracle_quantize_rows(x, dtype, scale_ub=None):
     amax = xf.abs().amax(-1, keepdim=True)
     if scale_ub is not None:
         amax = torch.minimum(amax, scale_ub)
-    scale = torch.maximum(amax / QMAX[dtype], torch.tensor(1.0 / (QMAX[dtype] * 512)))
+    scale = torch.maximum(amax / torch.full_like(amax, QMAX[dtype]), torch.tensor(1.0 / (QMAX[dtype] * 512)))
     v = xf / scale
     if dtype == torch.int8:
         return torch.round(v).clamp(-128, 127).to(torch.int8), scale

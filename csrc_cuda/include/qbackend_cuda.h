@@ -96,12 +96,13 @@ int qb_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_t ldb, void
 /* Tuning and tests only. Kernel configs of a (resolved, non-AUTO) variant for a dtype: their
  * count, and their names (NULL past the end). qb_scaled_mm_override forces, for the calling
  * thread's later scaled_mm calls, a config (-1: automatic), a work decomposition for stream-K
- * capable configs (-1 automatic, 0 data-parallel, 1 split-K, 2 stream-K, 3 CUTLASS heuristic) and
- * a split-K factor (used with decomposition 1). qb_scaled_mm_override(-1, -1, -1) restores the
- * automatic choice. A forced config that cannot run a problem fails with QB_ERR_UNSUPPORTED. */
+ * capable configs (-1 automatic, 0 data-parallel, 1 split-K, 2 stream-K, 3 CUTLASS heuristic), a
+ * split-K factor (used with decomposition 1) and a tile swizzle (SM90: 1, 2, 4 or 8).
+ * qb_scaled_mm_override(-1, -1, -1, -1) restores the automatic choice. A forced config that cannot
+ * run a problem fails with QB_ERR_UNSUPPORTED. */
 int qb_scaled_mm_config_count(int a_dtype, int variant);
 const char* qb_scaled_mm_config_name(int a_dtype, int variant, int config);
-void qb_scaled_mm_override(int config, int decomposition, int splits);
+void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzle);
 
 /* Quantize modes. */
 typedef enum qb_quant_mode {
@@ -126,6 +127,11 @@ int qb_quantize(const void* x, int64_t ldx, void* q, int64_t ldq, float* scale, 
                 char* err, size_t err_len);
 
 size_t qb_quantize_workspace_size(int64_t rows, int64_t cols, int mode);
+
+/* Tuning and tests only: for the calling thread's later DYNAMIC_TOKEN calls, force the kernel
+ * (-1 automatic, 0 one block per row, 1 persistent row-pipelined where the row fits; both give
+ * identical results). */
+void qb_quantize_override(int token_kernel);
 
 #ifdef __cplusplus
 }

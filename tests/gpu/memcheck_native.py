@@ -12,7 +12,8 @@ import os
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location("qb_native", os.path.join(_HERE, "..", "..", "providers", "native.py"))
+_spec = importlib.util.spec_from_file_location(
+    "qb_native", os.path.join(_HERE, "..", "..", "providers", "native.py"))
 native = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(native)
 
@@ -41,7 +42,8 @@ for xdtype in (torch.bfloat16, torch.float16, torch.float32):
             native.quantize(x, q, s, native.DYNAMIC_TOKEN)
             s1 = torch.empty(1, device=dev)
             native.quantize(x, q, s1, native.DYNAMIC_TENSOR)
-            native.quantize(x, q, s1, native.DYNAMIC_TENSOR, None, torch.empty(16, dtype=torch.uint8, device=dev))
+            ws = torch.empty(16, dtype=torch.uint8, device=dev)
+            native.quantize(x, q, s1, native.DYNAMIC_TENSOR, None, ws)
             native.quantize(x, q, s1, native.STATIC_TENSOR)
 torch.cuda.synchronize()
 print("memcheck workload done")

@@ -1,0 +1,117 @@
+"""Dynamic per-token FP8 (e4m3) quantization: qbackend's CUDA kernel against torch, under CUDA-graph replay.
+
+    python bench/bench_quantize.py --out bench/results/quantize_h200.json
+
+Implementations (same semantics: scale = max(amax_row / 448, 1 / (448 * 512)), q = sat(x / scale)):
+  qbackend       providers/native.py -> libqbackend_cuda, one fused pass
+  torch.eager    the same formula in plain torch ops
+  torch.compile  that function through torch.compile (Inductor/Triton), fullgraph
+Inputs are bf16 [M, K], rotated over copies totalling >= 256 MB so they come from HBM; timing as in
+bench_scaled_mm.py (graph of R calls, median of 5). bytes = read x + write q + write the scales:
+the least traffic any implementation needs, so bytes / us is the effective bandwidth.
+
+JSON: {"device", "torch", "rows": [{"M", "K", "impl", "us", "bytes"}]} plus a PNG bar chart of
+effective TB/s next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+from bench_scaled_mm import graph_time, native  # noqa: E402  (same method, same binding)
+
+F8 = torch.float8_e4m3fn
+SHAPES = [(16, 4096), (1024, 4096), (8192, 4096), (8192, 14336)]
+IMPLS = ["qbackend", "torch.eager", "torch.compile"]
+ROTATE_BYTES = 256 * 2 ** 20
+
+
+def torch_quant(x):
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    scale = (amax / 448.0).clamp(min=1.0 / (448.0 * 512.0))
+    q = (x.float() / scale).clamp(-448.0, 448.0).to(F8)
+    return q, scale
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    shapes = sorted({(r["M"], r["K"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    w = 0.8 / len(IMPLS)
+    for i, impl in enumerate(IMPLS):
+        ys = [next((r["bytes"] / r["us"] / 1e6 for r in rows
+                    if (r["M"], r["K"]) == s and r["impl"] == impl), 0) for s in shapes]
+        ax.bar([j + i * w for j in range(len(shapes))], ys, w, label=impl)
+    ax.axhline(4.25, color="k", lw=0.8, ls="--", label="measured copy bandwidth (4.25 TB/s)")
+    ax.set_xticks([j + w for j in range(len(shapes))], [f"{M}x{K}" for M, K in shapes])
+    ax.set_ylabel("effective TB/s (read x + write q + scales)")
+    ax.set_title(f"dynamic per-token bf16 -> e4m3, {torch.cuda.get_device_name()}, CUDA-graph replay")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(_HERE, "results", "quantize_h200.json"))
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (saves its compile time)")
+    args = ap.parse_args()
+    if native.load() is None:
+        sys.exit(f"native library unavailable: {native.load_error()}")
+    compiled = torch.compile(torch_quant, fullgraph=True, dynamic=False)
+    impls = [i for i in IMPLS if not (args.no_compile and i == "torch.compile")]
+    rows = []
+    for (M, K) in SHAPES:
+        n = max(2, min(32, ROTATE_BYTES // (M * K * 2)))
+        xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(n)]
+        qs = [torch.empty(M, K, device="cuda", dtype=F8) for _ in range(n)]
+        ss = [torch.empty(M, 1, device="cuda") for _ in range(n)]
+        nbytes = M * K * 2 + M * K + M * 4
+        # qbackend against the exact reference (IEEE divisions by tensors) before timing
+        amax = xs[0].float().abs().amax(dim=-1, keepdim=True)
+        s_ref = torch.div(amax, torch.full_like(amax, 448.0)).clamp(min=1.0 / (448.0 * 512.0))
+        q_ref = torch.div(xs[0].float(), s_ref).clamp(-448.0, 448.0).to(F8)
+        native.quantize(xs[0], qs[0], ss[0], native.DYNAMIC_TOKEN)
+        assert torch.equal(qs[0].view(torch.uint8), q_ref.view(torch.uint8)), "qbackend != reference"
+        line = []
+        for impl in impls:
+            if impl == "qbackend":
+                fns = [lambda x=x, q=q, s=s: native.quantize(x, q, s, native.DYNAMIC_TOKEN)
+                       for x, q, s in zip(xs, qs, ss)]
+            elif impl == "torch.eager":
+                fns = [lambda x=x: torch_quant(x) for x in xs]
+            else:
+                compiled(xs[0])  # compile outside the graph capture
+                fns = [lambda x=x: compiled(x) for x in xs]
+            us = graph_time(fns)
+            rows.append({"M": M, "K": K, "impl": impl, "us": us, "bytes": nbytes})
+            line.append(f"{impl}={us:.2f}us ({nbytes / us / 1e6:.2f} TB/s)")
+            if impl == "qbackend":  # log only: each forced per-token kernel
+                for kern, kname in ((0, "block"), (1, "pipelined")):
+                    native.quantize_override(kern)
+                    us_k = graph_time(fns)
+                    native.quantize_override()
+                    line.append(f"[{kname}={us_k:.2f}us]")
+        print(f"M={M} K={K} " + " ".join(line), flush=True)
+        del xs, qs, ss
+        torch.cuda.empty_cache()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f,
+                  indent=1)
+    plot(rows, os.path.splitext(args.out)[0] + ".png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
+#   bash bench/run_h200.sh [tests|tune|qbench|bench|memcheck]...   (default: all of them, in that order)
+# Expects the library built on the CPU machine at build/cuda/libqbackend_cuda.so (carried), or
+# $QBACKEND_CUDA_LIB. Each step has its own time limit and a failing step does not stop the rest.
+set -u
+OUT=${RESULTS_DIR:-/tmp/qb_out}
+mkdir -p "$OUT"
+export QBACKEND_CUDA_LIB=${QBACKEND_CUDA_LIB:-$PWD/build/cuda/libqbackend_cuda.so}
+export PYTHONUNBUFFERED=1
+steps=${*:-tests tune qbench bench memcheck}
+LOG="$OUT/log.txt"   # one log for every textual step
+exec > >(tee -a "$LOG") 2>&1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+python3 -c "import importlib.util as u; s=u.spec_from_file_location('n','providers/native.py'); n=u.module_from_spec(s); s.loader.exec_module(n); print(n.load_error() or n.build_info())"
+for step in $steps; do
+  t0=$(date +%s)
+  case $step in
+    tests)
+      timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_native_quantize.py 2>&1 | tail -15
+      timeout 260 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/gpu/test_native_scaled_mm.py 2>&1 | tail -40 ;;
+    tune)
+      timeout 220 python3 bench/bench_scaled_mm.py --tune --ms ${TUNE_MS:-1,16,32,64,128,256,1024,4096,8192} --shapes ${TUNE_SHAPES:-4096:4096,6144:4096,28672:4096,4096:14336,8192:8192,57344:8192} --out "$OUT/tune.json" 2>&1 | grep -v "^  " ;;
+    qbench)
+      timeout 120 python3 bench/bench_quantize.py --out "$OUT/quantize_h200.json" 2>&1 ;;
+    bench)
+      timeout 300 python3 bench/bench_scaled_mm.py --out "$OUT/scaled_mm_h200.json" 2>&1 ;;
+    memcheck)
+      timeout 240 compute-sanitizer --tool memcheck python3 tests/gpu/memcheck_native.py 2>&1 | tail -8 ;;
+  esac
+  echo "== step $step took $(( $(date +%s) - t0 )) s"
+done

@@ -1,0 +1,92 @@
+// qb_common.h: what every translation unit of libqbackend_cuda shares (internal, not part of the ABI).
+//
+// - Err: writes a status and a formatted message into the caller's buffer (the ABI's err/err_len).
+// - device_sm_count(): per-device multiprocessor count, cached so no call after the first queries
+//   device properties (cudaGetDevice only: no context is created beyond what launches need).
+// - ScaledMmArgs: one already-validated scaled_mm request, handed from the dispatcher to a family.
+// - the family entry points, each compiled only when its arch is in QB_CUDA_ARCHS.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qbackend_cuda.h"
+
+namespace qb {
+
+// Error sink for one ABI call. set() returns the code so call sites can `return err.set(...)`.
+struct Err {
+  char* buf;
+  size_t len;
+  int set(int code, const char* fmt, ...) const
+#if defined(__GNUC__)
+      __attribute__((format(printf, 3, 4)))
+#endif
+      ;
+  // For a failed CUDA runtime call: QB_ERR_CUDA with "<what>: <cuda error name>: <string>".
+  int cuda(cudaError_t e, const char* what) const;
+};
+
+// Facts about the calling thread's current device, read once per device and cached.
+struct DeviceInfo {
+  int device;
+  int sm_count;
+  int cc;  // compute capability as major * 10 + minor (90 for H100/H200)
+};
+// Returns QB_OK or QB_ERR_CUDA (err filled).
+int current_device(DeviceInfo* info, const Err& err);
+
+// A scaled_mm request that passed every check of qb_scaled_mm; families may assume them.
+struct ScaledMmArgs {
+  const void* a;  // [M, K] row-major, row stride lda (elements)
+  int64_t lda;
+  const void* b;  // [K, N] column-major, column stride ldb (elements): the [N, K] weight, row-major
+  int64_t ldb;
+  void* out;  // [M, N] row-major, row stride ldo
+  int64_t ldo;
+  int64_t M, N, K;
+  int out_dtype;           // QB_BF16 or QB_F16
+  const float* scale_a;    // [1] or [M]
+  bool scale_a_per_row;    // true: [M]
+  const float* scale_b;    // [1] or [N]
+  bool scale_b_per_col;    // true: [N]
+  const void* bias;        // NULL or [N] of out_dtype
+  void* workspace;         // NULL or workspace_size bytes of device memory
+  size_t workspace_size;
+  cudaStream_t stream;
+  int sm_count;            // of the current device
+  // Tuning/test overrides (qb_scaled_mm_override); -1 everywhere means automatic.
+  int config;              // family config index
+  int decomp;              // 0 data-parallel, 1 split-K, 2 stream-K, 3 CUTLASS heuristic (stream-K kernels)
+  int splits;              // split-K factor when decomp == 1
+  int swizzle;             // tile swizzle (1, 2, 4, 8) for SM90 configs
+};
+
+// Family entry points. Each returns a qb_status and fills err. `*_workspace` gives the bytes the
+// automatic (or forced) config wants for this problem; 0 when it needs none. When the caller passes
+// less workspace than that, the family falls back to a plan needing none (never fails for it).
+// config_name returns NULL past the last config.
+int sm90_fp8_scaled_mm(const ScaledMmArgs& args, const Err& err);
+size_t sm90_fp8_workspace(const ScaledMmArgs& args);
+int sm90_fp8_config_count();
+const char* sm90_fp8_config_name(int config);
+
+int sm89_fp8_scaled_mm(const ScaledMmArgs& args, const Err& err);
+size_t sm89_fp8_workspace(const ScaledMmArgs& args);
+int sm89_fp8_config_count();
+const char* sm89_fp8_config_name(int config);
+
+int sm80_int8_scaled_mm(const ScaledMmArgs& args, const Err& err);
+size_t sm80_int8_workspace(const ScaledMmArgs& args);
+int sm80_int8_config_count();
+const char* sm80_int8_config_name(int config);
+
+int sm75_int8_scaled_mm(const ScaledMmArgs& args, const Err& err);
+size_t sm75_int8_workspace(const ScaledMmArgs& args);
+int sm75_int8_config_count();
+const char* sm75_int8_config_name(int config);
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace qb

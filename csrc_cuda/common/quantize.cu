@@ -1,0 +1,468 @@
+// quantize.cu: qb_quantize, FP8 (e4m3, e5m2) and INT8 quantization at memory speed.
+//
+// Numerics are those of the reference provider, bit for bit:
+//   q = saturate(x / scale): IEEE fp32 division (see Divisor: exact, without a division per
+//   element), clamp to [-qmax, qmax], then fp8 round-to-nearest-even or int8 rint (half to even)
+//   clamped to [-128, 127]; dynamic scale = max(min(amax, *scale_ub) / qmax, 1 / (qmax * 512)).
+// Layout: x[r * ldx + c], q[r * ldq + c]. Rows whose pointer and stride allow it are moved in
+// 16-byte loads (VEC elements); anything else takes the same kernels with VEC = 1.
+//
+// Modes:
+//   STATIC_TENSOR  one elementwise pass.
+//   DYNAMIC_TOKEN  one fused pass: a block owns a row, keeps it in registers while it reduces the
+//                  row's amax, then scales and stores it (rows longer than the register cache are
+//                  re-read, from L2 in practice). per_token_pipelined_kernel (resident blocks that
+//                  prefetch their next row) is an alternative, slower on the H200, kept for tuning.
+//   DYNAMIC_TENSOR memset(accumulator) -> amax pass (atomicMax) -> convert pass. The accumulator is
+//                  the caller's workspace, or, without one, `scale` itself followed by a one-thread
+//                  pass that turns the amax into the scale. No host sync, no allocation: capturable.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdio.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "qb_common.h"
+
+namespace {
+
+// Per-token kernel: each thread keeps up to kCacheVecs 16-byte vectors of its row in registers, and
+// a row gets up to kMaxTokenThreads threads, so rows up to 4096 vectors (32768 bf16) are read once.
+constexpr int kCacheVecs = 4;
+constexpr int kMaxTokenThreads = 1024;
+
+template <int QD>
+struct QTraits;
+template <>
+struct QTraits<QB_E4M3> {
+  static constexpr float qmax = 448.0f;
+};
+template <>
+struct QTraits<QB_E5M2> {
+  static constexpr float qmax = 57344.0f;
+};
+template <>
+struct QTraits<QB_I8> {
+  static constexpr float qmax = 127.0f;
+};
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ __half __low2half_or_bf16(__half2 v) { return __low2half(v); }
+__device__ __forceinline__ __half __high2half_or_bf16(__half2 v) { return __high2half(v); }
+__device__ __forceinline__ __nv_bfloat16 __low2half_or_bf16(__nv_bfloat162 v) { return __low2bfloat16(v); }
+__device__ __forceinline__ __nv_bfloat16 __high2half_or_bf16(__nv_bfloat162 v) { return __high2bfloat16(v); }
+
+// x / s, bit-identical to IEEE fp32 division, in 4 instructions instead of a division subroutine
+// (the division's cost made the kernels compute-bound). With r = RN(1/s) and q0 = RN(x r), the
+// residual e = x - q0 s is exact (FMA) and RN(q0 + e r) is the correctly rounded quotient
+// (Markstein's theorem) whenever nothing over- or underflows: s within [2^-60, 2^60] (checked once
+// per scale) and |q0| within [2^-40, 2^60). Above that range (and for NaN / inf) we call
+// __fdiv_rn. Below 2^-40 the correction may be off by an ulp, but such a quotient is far below half
+// the smallest fp8 / int8 step, so only its sign matters, and copysign keeps it (q0 has the exact
+// quotient's sign; a zero q1 could otherwise come out +0 for a negative x). Checked against x / s on
+// 4.7e8 random pairs on the CPU, and bit-exact against torch in tests/gpu/test_native_quantize.py.
+struct Divisor {
+  float s, r;
+  bool fast;
+  __device__ __forceinline__ float operator()(float x) const {
+    const float q0 = __fmul_rn(x, r);
+    if (fast && fabsf(q0) < 0x1p60f) return copysignf(__fmaf_rn(__fmaf_rn(-q0, s, x), r, q0), q0);
+    return __fdiv_rn(x, s);
+  }
+};
+
+__device__ __forceinline__ Divisor make_divisor(float s) {
+  const float a = fabsf(s);
+  return Divisor{s, __frcp_rn(s), a >= 0x1p-60f && a <= 0x1p60f};  // fast is false for NaN
+}
+
+// One element, already divided: saturate and convert to the storage byte of the quantized type.
+// fp8: the .satfinite conversion maps every finite value beyond qmax to +-qmax, which is exactly
+// what clamping to [-qmax, qmax] before rounding gives (and keeps NaN a NaN, like torch.clamp).
+template <int QD>
+__device__ __forceinline__ uint8_t quantize_one(float v) {
+  if constexpr (QD == QB_I8) {
+    v = rintf(v);  // round half to even, like torch.round
+    v = fminf(fmaxf(v, -128.0f), 127.0f);
+    return static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(v)));
+  } else {
+    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, QD == QB_E4M3 ? __NV_E4M3 : __NV_E5M2));
+  }
+}
+
+// Two elements at once (one cvt instruction for fp8 pairs on sm_89+).
+template <int QD>
+__device__ __forceinline__ uint16_t quantize_two(float a, float b) {
+  if constexpr (QD == QB_I8) {
+    return static_cast<uint16_t>(quantize_one<QD>(a) | (uint16_t(quantize_one<QD>(b)) << 8));
+  } else {
+    return static_cast<uint16_t>(
+        __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, QD == QB_E4M3 ? __NV_E4M3 : __NV_E5M2));
+  }
+}
+
+template <int QD>
+__device__ __forceinline__ float scale_from_amax(float amax, const float* scale_ub) {
+  constexpr float qmax = QTraits<QD>::qmax;
+  if (scale_ub != nullptr) amax = fminf(amax, *scale_ub);
+  const float min_scale = 1.0f / (qmax * 512.0f);  // constant-folded, exact fp32 rounding of 1/(qmax*512)
+  return fmaxf(__fdiv_rn(amax, qmax), min_scale);
+}
+
+// VEC consecutive input elements, loaded as one access when VEC * sizeof(T) is 16 bytes.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+// VEC quantized bytes stored as one access (1, 2, 4 or 8 bytes).
+template <int VEC>
+struct alignas(VEC) QVec {
+  uint8_t v[VEC];
+};
+
+// max(m, |x|) over a vector. 16-bit inputs are compared as packed pairs in their own type (a max
+// picks one of its inputs, so this is exact) and kept packed, which also keeps the register cache
+// of the per-token kernels at 4 registers per vector.
+template <typename T, int VEC>
+__device__ __forceinline__ float vec_amax(const Vec<T, VEC>& x, float m) {
+  if constexpr (std::is_same_v<T, float> || VEC == 1) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_f32(x.v[j])));
+  } else {
+    using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+    const T2* p = reinterpret_cast<const T2*>(x.v);
+    T2 acc = __habs2(p[0]);
+#pragma unroll
+    for (int j = 1; j < VEC / 2; ++j) acc = __hmax2(acc, __habs2(p[j]));
+    m = fmaxf(m, fmaxf(to_f32(__low2half_or_bf16(acc)), to_f32(__high2half_or_bf16(acc))));
+  }
+  return m;
+}
+
+template <typename T, int VEC, int QD>
+__device__ __forceinline__ void vec_store(const Vec<T, VEC>& x, const Divisor& div, uint8_t* dst) {
+  QVec<VEC> q;
+  if constexpr (VEC == 1) {
+    q.v[0] = quantize_one<QD>(div(to_f32(x.v[0])));
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; j += 2) {
+      const uint16_t two = quantize_two<QD>(div(to_f32(x.v[j])), div(to_f32(x.v[j + 1])));
+      q.v[j] = static_cast<uint8_t>(two);
+      q.v[j + 1] = static_cast<uint8_t>(two >> 8);
+    }
+  }
+  *reinterpret_cast<QVec<VEC>*>(dst) = q;
+}
+
+// Max over the block; every thread gets the result. `red` holds one float per warp.
+__device__ __forceinline__ float block_max(float m, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  const int nwarps = (blockDim.x + 31) >> 5;
+  m = lane < nwarps ? red[lane] : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+// DYNAMIC_TOKEN: block r quantizes row r. nvec = cols / VEC.
+template <typename T, int VEC, int QD>
+__global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
+                                                        int64_t ldq, float* __restrict__ scales, int64_t nvec,
+                                                        const float* __restrict__ scale_ub) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const auto* xr = reinterpret_cast<const Vec<T, VEC>*>(x + r * ldx);
+  uint8_t* qr = q + r * ldq;
+
+  Vec<T, VEC> cache[kCacheVecs];
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kCacheVecs; ++i) {
+    const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
+    if (idx < nvec) {
+      cache[i] = xr[idx];
+      m = vec_amax<T, VEC>(cache[i], m);
+    }
+  }
+  for (int64_t idx = threadIdx.x + int64_t(kCacheVecs) * blockDim.x; idx < nvec; idx += blockDim.x)
+    m = vec_amax<T, VEC>(xr[idx], m);
+
+  const float scale = scale_from_amax<QD>(block_max(m, red), scale_ub);
+  if (threadIdx.x == 0) scales[r] = scale;
+  const Divisor div = make_divisor(scale);
+
+#pragma unroll
+  for (int i = 0; i < kCacheVecs; ++i) {
+    const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
+    if (idx < nvec) vec_store<T, VEC, QD>(cache[i], div, qr + idx * VEC);
+  }
+  for (int64_t idx = threadIdx.x + int64_t(kCacheVecs) * blockDim.x; idx < nvec; idx += blockDim.x)
+    vec_store<T, VEC, QD>(xr[idx], div, qr + idx * VEC);
+}
+
+// DYNAMIC_TOKEN, persistent and software-pipelined: a resident block walks rows r, r + grid, ...
+// and issues the loads of its next row before it reduces, scales and stores the current one, so
+// memory latency overlaps the arithmetic inside each block, not only across blocks. The reduction
+// scratch is double-buffered by row parity: one barrier per row suffices.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_row(const Vec<T, VEC>* xr, int64_t nvec, Vec<T, VEC> (&v)[kCacheVecs]) {
+#pragma unroll
+  for (int i = 0; i < kCacheVecs; ++i) {
+    const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
+    if (idx < nvec) v[i] = xr[idx];
+  }
+}
+
+constexpr int kMaxPipelinedThreads = 256;  // keeps two rows of registers per thread unspilled
+
+template <typename T, int VEC, int QD>
+__global__ void __launch_bounds__(kMaxPipelinedThreads)
+    per_token_pipelined_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q, int64_t ldq,
+                               float* __restrict__ scales, int64_t rows, int64_t nvec,
+                               const float* __restrict__ scale_ub) {
+  __shared__ float red[2][32];
+  Vec<T, VEC> cur[kCacheVecs], nxt[kCacheVecs];
+  int64_t r = blockIdx.x;
+  if (r >= rows) return;
+  load_row<T, VEC>(reinterpret_cast<const Vec<T, VEC>*>(x + r * ldx), nvec, cur);
+  for (int parity = 0; r < rows; r += gridDim.x, parity ^= 1) {
+    const int64_t rn = r + gridDim.x;
+    if (rn < rows) load_row<T, VEC>(reinterpret_cast<const Vec<T, VEC>*>(x + rn * ldx), nvec, nxt);
+    const auto* xr = reinterpret_cast<const Vec<T, VEC>*>(x + r * ldx);
+    uint8_t* qr = q + r * ldq;
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kCacheVecs; ++i) {
+      const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
+      if (idx < nvec) m = vec_amax<T, VEC>(cur[i], m);
+    }
+    for (int64_t idx = threadIdx.x + int64_t(kCacheVecs) * blockDim.x; idx < nvec; idx += blockDim.x)
+      m = vec_amax<T, VEC>(xr[idx], m);
+    const float scale = scale_from_amax<QD>(block_max(m, red[parity]), scale_ub);
+    if (threadIdx.x == 0) scales[r] = scale;
+    const Divisor div = make_divisor(scale);
+#pragma unroll
+    for (int i = 0; i < kCacheVecs; ++i) {
+      const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
+      if (idx < nvec) vec_store<T, VEC, QD>(cur[i], div, qr + idx * VEC);
+    }
+    for (int64_t idx = threadIdx.x + int64_t(kCacheVecs) * blockDim.x; idx < nvec; idx += blockDim.x)
+      vec_store<T, VEC, QD>(xr[idx], div, qr + idx * VEC);
+#pragma unroll
+    for (int i = 0; i < kCacheVecs; ++i) cur[i] = nxt[i];
+  }
+}
+
+// Tuning/tests (qb_quantize_override): -1 automatic, 0 one block per row, 1 persistent pipelined.
+thread_local int t_token_kernel = -1;
+
+// Resident blocks per SM of a kernel at `threads` threads, cached per (kernel, device, threads).
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int threads, int device) {
+  static thread_local int cached_device = -1, cached_threads = -1, cached_blocks = 1;
+  if (device != cached_device || threads != cached_threads) {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, threads, 0) != cudaSuccess || b < 1) {
+      (void)cudaGetLastError();
+      b = 1;
+    }
+    cached_device = device;
+    cached_threads = threads;
+    cached_blocks = b;
+  }
+  return cached_blocks;
+}
+
+// STATIC_TENSOR and the convert pass of DYNAMIC_TENSOR, grid-stride over rows * nvec vectors.
+// The scale is read from `scale` (static) or derived from the amax accumulator (dynamic); in the
+// latter case thread 0 of block 0 also writes it out when `scale_out` is given.
+template <typename T, int VEC, int QD, bool kDynamic>
+__global__ void __launch_bounds__(256) elementwise_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
+                                                          int64_t ldq, int64_t rows, int64_t nvec,
+                                                          const float* __restrict__ scale_in,
+                                                          const unsigned* __restrict__ amax_bits,
+                                                          const float* __restrict__ scale_ub, float* scale_out) {
+  float scale;
+  if constexpr (kDynamic) {
+    scale = scale_from_amax<QD>(__uint_as_float(*amax_bits), scale_ub);
+    if (scale_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *scale_out = scale;
+  } else {
+    scale = *scale_in;
+  }
+  const Divisor div = make_divisor(scale);
+  const int64_t total = rows * nvec;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / nvec, c = i - r * nvec;
+    const auto v = *reinterpret_cast<const Vec<T, VEC>*>(x + r * ldx + c * VEC);
+    vec_store<T, VEC, QD>(v, div, q + r * ldq + c * VEC);
+  }
+}
+
+// DYNAMIC_TENSOR amax pass: non-negative floats order like their bit patterns, so an unsigned
+// atomicMax on the bits is a float max (NaN inputs are ignored by fmaxf, as in the other modes).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) amax_kernel(const T* __restrict__ x, int64_t ldx, int64_t rows, int64_t nvec,
+                                                   unsigned* amax_bits) {
+  __shared__ float red[32];
+  float m = 0.0f;
+  const int64_t total = rows * nvec;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / nvec, c = i - r * nvec;
+    m = vec_amax<T, VEC>(*reinterpret_cast<const Vec<T, VEC>*>(x + r * ldx + c * VEC), m);
+  }
+  m = block_max(m, red);
+  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+}
+
+// Without a workspace the amax accumulates in `scale` itself; this turns it into the scale.
+template <int QD>
+__global__ void finalize_scale_kernel(float* scale, const float* scale_ub) {
+  *scale = scale_from_amax<QD>(*scale, scale_ub);
+}
+
+struct QuantArgs {
+  const void* x;
+  int64_t ldx;
+  uint8_t* q;
+  int64_t ldq;
+  float* scale;
+  int64_t rows, cols;
+  int mode;
+  const float* scale_ub;
+  void* workspace;
+  cudaStream_t stream;
+  int sm_count;
+  int device;
+};
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <typename T, int VEC, int QD>
+int launch(const QuantArgs& a, const qb::Err& err) {
+  const int64_t nvec = a.cols / VEC;
+  const T* x = static_cast<const T*>(a.x);
+  const int64_t total = a.rows * nvec;
+  // Enough resident blocks to cover the GPU several times over; grid-stride does the rest.
+  const int64_t grid_cap = int64_t(a.sm_count) * 16;
+  const int threads = 256;
+  const unsigned grid_ew = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cdiv(total, threads), grid_cap)));
+
+  if (a.mode == QB_QUANT_DYNAMIC_TOKEN) {
+    // kCacheVecs vectors per thread: short rows get small blocks (more rows in flight per SM).
+    const int t = static_cast<int>(
+        std::min<int64_t>(kMaxTokenThreads, std::max<int64_t>(32, cdiv(cdiv(nvec, kCacheVecs), 32) * 32)));
+    const bool fits = t <= kMaxPipelinedThreads;
+    // Measured on the H200 (bench_quantize.py): the row-pipelined kernel was no faster at 8192 x
+    // 14336 and 19 % slower at 8192 x 4096 (39.3 vs 33.1 us) than one block per row, so it runs
+    // only when forced (kept for tuning on other GPUs).
+    const bool pipelined = fits && t_token_kernel == 1;
+    if (pipelined) {
+      const int64_t resident =
+          int64_t(a.sm_count) * resident_blocks(per_token_pipelined_kernel<T, VEC, QD>, t, a.device);
+      per_token_pipelined_kernel<T, VEC, QD><<<static_cast<unsigned>(std::min<int64_t>(a.rows, resident)), t, 0,
+                                               a.stream>>>(x, a.ldx, a.q, a.ldq, a.scale, a.rows, nvec, a.scale_ub);
+    } else {
+      per_token_kernel<T, VEC, QD><<<static_cast<unsigned>(a.rows), t, 0, a.stream>>>(x, a.ldx, a.q, a.ldq, a.scale,
+                                                                                    nvec, a.scale_ub);
+    }
+  } else if (a.mode == QB_QUANT_STATIC_TENSOR) {
+    elementwise_kernel<T, VEC, QD, false>
+        <<<grid_ew, threads, 0, a.stream>>>(x, a.ldx, a.q, a.ldq, a.rows, nvec, a.scale, nullptr, nullptr, nullptr);
+  } else {
+    unsigned* acc = static_cast<unsigned*>(a.workspace ? a.workspace : static_cast<void*>(a.scale));
+    cudaError_t e = cudaMemsetAsync(acc, 0, sizeof(unsigned), a.stream);
+    if (e != cudaSuccess) return err.cuda(e, "qb_quantize: cudaMemsetAsync");
+    amax_kernel<T, VEC><<<grid_ew, threads, 0, a.stream>>>(x, a.ldx, a.rows, nvec, acc);
+    elementwise_kernel<T, VEC, QD, true><<<grid_ew, threads, 0, a.stream>>>(
+        x, a.ldx, a.q, a.ldq, a.rows, nvec, nullptr, acc, a.scale_ub, a.workspace ? a.scale : nullptr);
+    if (!a.workspace) finalize_scale_kernel<QD><<<1, 1, 0, a.stream>>>(a.scale, a.scale_ub);
+  }
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return err.cuda(e, "qb_quantize: kernel launch");
+  return QB_OK;
+}
+
+// 16-byte path when every row start of x is 16-byte aligned and every row start of q is aligned
+// to the VEC output bytes; the scalar path otherwise.
+template <typename T, int QD>
+int dispatch_vec(const QuantArgs& a, const qb::Err& err) {
+  constexpr int VEC = 16 / sizeof(T);
+  const bool vec_ok = qb::aligned16(a.x) && (a.ldx * int64_t(sizeof(T))) % 16 == 0 && a.cols % VEC == 0 &&
+                      (reinterpret_cast<uintptr_t>(a.q) % VEC) == 0 && a.ldq % VEC == 0;
+  return vec_ok ? launch<T, VEC, QD>(a, err) : launch<T, 1, QD>(a, err);
+}
+
+template <typename T>
+int dispatch_q(int q_dtype, const QuantArgs& a, const qb::Err& err) {
+  switch (q_dtype) {
+    case QB_E4M3: return dispatch_vec<T, QB_E4M3>(a, err);
+    case QB_E5M2: return dispatch_vec<T, QB_E5M2>(a, err);
+    default: return dispatch_vec<T, QB_I8>(a, err);
+  }
+}
+
+}  // namespace
+
+extern "C" void qb_quantize_override(int token_kernel) { t_token_kernel = token_kernel; }
+
+extern "C" size_t qb_quantize_workspace_size(int64_t rows, int64_t cols, int mode) {
+  (void)rows;
+  (void)cols;
+  return mode == QB_QUANT_DYNAMIC_TENSOR ? 16 : 0;  // one fp32 amax, padded to an aligned 16 bytes
+}
+
+extern "C" int qb_quantize(const void* x, int64_t ldx, void* q, int64_t ldq, float* scale, int64_t rows, int64_t cols,
+                           int x_dtype, int q_dtype, int mode, const float* scale_ub, void* workspace, void* stream,
+                           char* err_buf, size_t err_len) {
+  const qb::Err err{err_buf, err_len};
+  if (err_buf && err_len) err_buf[0] = '\0';
+  if (x_dtype != QB_F32 && x_dtype != QB_F16 && x_dtype != QB_BF16)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: x_dtype %d must be f32 (0), f16 (1) or bf16 (2)", x_dtype);
+  if (q_dtype != QB_E4M3 && q_dtype != QB_E5M2 && q_dtype != QB_I8)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: q_dtype %d must be e4m3 (3), e5m2 (4) or i8 (5)", q_dtype);
+  if (mode != QB_QUANT_STATIC_TENSOR && mode != QB_QUANT_DYNAMIC_TENSOR && mode != QB_QUANT_DYNAMIC_TOKEN)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: mode %d must be 0 (static tensor), 1 (dynamic tensor) or 2 "
+                   "(dynamic token)", mode);
+  if (rows < 0 || cols <= 0)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: rows (=%lld) must be >= 0 and cols (=%lld) > 0",
+                   (long long)rows, (long long)cols);
+  if (mode == QB_QUANT_DYNAMIC_TOKEN && rows > 0x7fffffffLL)
+    return err.set(QB_ERR_UNSUPPORTED, "qb_quantize: per-token mode takes at most 2^31 - 1 rows");
+  if (rows == 0) return QB_OK;
+  if (x == nullptr || q == nullptr || scale == nullptr)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: x, q and scale must be non-NULL");
+  if (ldx < cols || ldq < cols)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: ldx (=%lld) and ldq (=%lld) must be >= cols (=%lld)",
+                   (long long)ldx, (long long)ldq, (long long)cols);
+  const size_t xsize = x_dtype == QB_F32 ? 4 : 2;
+  if (reinterpret_cast<uintptr_t>(x) % xsize != 0)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: x must be aligned to its element size (%zu bytes)", xsize);
+  if ((reinterpret_cast<uintptr_t>(scale) & 3u) || (scale_ub && (reinterpret_cast<uintptr_t>(scale_ub) & 3u)))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: scale and scale_ub must be 4-byte aligned fp32");
+  if (workspace && (reinterpret_cast<uintptr_t>(workspace) & 3u))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: workspace must be 4-byte aligned");
+
+  qb::DeviceInfo dev;
+  int st = qb::current_device(&dev, err);
+  if (st != QB_OK) return st;
+
+  QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, mode,
+              mode == QB_QUANT_STATIC_TENSOR ? nullptr : scale_ub,
+              mode == QB_QUANT_DYNAMIC_TENSOR ? workspace : nullptr, static_cast<cudaStream_t>(stream), dev.sm_count,
+              dev.device};
+  switch (x_dtype) {
+    case QB_F32: return dispatch_q<float>(q_dtype, a, err);
+    case QB_F16: return dispatch_q<__half>(q_dtype, a, err);
+    default: return dispatch_q<__nv_bfloat16>(q_dtype, a, err);
+  }
+}

@@ -1,0 +1,304 @@
+// scaled_mm.cu: qb_scaled_mm's argument checks and the choice of kernel family.
+//
+// Everything that could make a kernel fault is checked here, before any family code runs, so the
+// families may assume a well-formed request (qb::ScaledMmArgs). Families are compiled per arch
+// (QB_HAS_<OP>_<VARIANT> says which are in this binary).
+#include <stdio.h>
+
+#include "qb_common.h"
+
+namespace {
+
+// Per-thread tuning override (qb_scaled_mm_override); -1 = automatic.
+thread_local int t_config = -1;
+thread_local int t_decomp = -1;
+thread_local int t_splits = -1;
+thread_local int t_swizzle = -1;
+
+const char* dtype_name(int d) {
+  switch (d) {
+    case QB_F32: return "f32";
+    case QB_F16: return "f16";
+    case QB_BF16: return "bf16";
+    case QB_E4M3: return "e4m3";
+    case QB_E5M2: return "e5m2";
+    case QB_I8: return "i8";
+    case QB_I32: return "i32";
+    default: return "unknown";
+  }
+}
+
+bool built(int a_dtype, int variant) {
+  if (a_dtype == QB_E4M3) {
+#ifdef QB_HAS_SCALED_MM_FP8_90
+    if (variant == QB_VARIANT_SM90) return true;
+#endif
+#ifdef QB_HAS_SCALED_MM_FP8_89
+    if (variant == QB_VARIANT_SM89) return true;
+#endif
+  } else if (a_dtype == QB_I8) {
+#ifdef QB_HAS_SCALED_MM_INT8_80
+    if (variant == QB_VARIANT_SM80) return true;
+#endif
+#ifdef QB_HAS_SCALED_MM_INT8_75
+    if (variant == QB_VARIANT_SM75) return true;
+#endif
+  }
+  (void)variant;
+  return false;
+}
+
+// A variant's kernels run on a device when its SASS or PTX can: sm_90a SASS only on 9.0 exactly,
+// the PTX-carrying families on their arch and anything newer.
+bool runs_on(int variant, int cc) { return variant == QB_VARIANT_SM90 ? cc == 90 : cc >= variant; }
+
+// AUTO -> the best family compiled for this device; a forced variant is checked, not changed.
+int resolve_variant(int a_dtype, int variant, int cc, const qb::Err& err, int* out) {
+  if (variant == QB_VARIANT_AUTO) {
+    static const int kFp8Order[] = {QB_VARIANT_SM90, QB_VARIANT_SM89};
+    static const int kInt8Order[] = {QB_VARIANT_SM80, QB_VARIANT_SM75};
+    const int* order = a_dtype == QB_E4M3 ? kFp8Order : kInt8Order;
+    for (int i = 0; i < 2; ++i) {
+      if (built(a_dtype, order[i]) && runs_on(order[i], cc)) {
+        *out = order[i];
+        return QB_OK;
+      }
+    }
+    return err.set(QB_ERR_UNSUPPORTED,
+                   "qb_scaled_mm: no %s kernel in this library runs on compute capability %d.%d "
+                   "(fp8 needs 8.9+ with the sm89/sm90 families built, int8 7.5+ with sm75/sm80)",
+                   dtype_name(a_dtype), cc / 10, cc % 10);
+  }
+  if (variant != QB_VARIANT_SM90 && variant != QB_VARIANT_SM89 && variant != QB_VARIANT_SM80 &&
+      variant != QB_VARIANT_SM75)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: unknown variant %d", variant);
+  if (!built(a_dtype, variant))
+    return err.set(QB_ERR_NOT_BUILT, "qb_scaled_mm: variant %d for %s was not compiled into this library", variant,
+                   dtype_name(a_dtype));
+  if (!runs_on(variant, cc))
+    return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: variant %d cannot run on compute capability %d.%d", variant,
+                   cc / 10, cc % 10);
+  *out = variant;
+  return QB_OK;
+}
+
+size_t family_workspace(int variant, const qb::ScaledMmArgs& a) {
+  switch (variant) {
+#ifdef QB_HAS_SCALED_MM_FP8_90
+    case QB_VARIANT_SM90: return qb::sm90_fp8_workspace(a);
+#endif
+#ifdef QB_HAS_SCALED_MM_FP8_89
+    case QB_VARIANT_SM89: return qb::sm89_fp8_workspace(a);
+#endif
+#ifdef QB_HAS_SCALED_MM_INT8_80
+    case QB_VARIANT_SM80: return qb::sm80_int8_workspace(a);
+#endif
+#ifdef QB_HAS_SCALED_MM_INT8_75
+    case QB_VARIANT_SM75: return qb::sm75_int8_workspace(a);
+#endif
+    default: (void)a; return 0;
+  }
+}
+
+int family_run(int variant, const qb::ScaledMmArgs& a, const qb::Err& err) {
+  switch (variant) {
+#ifdef QB_HAS_SCALED_MM_FP8_90
+    case QB_VARIANT_SM90: return qb::sm90_fp8_scaled_mm(a, err);
+#endif
+#ifdef QB_HAS_SCALED_MM_FP8_89
+    case QB_VARIANT_SM89: return qb::sm89_fp8_scaled_mm(a, err);
+#endif
+#ifdef QB_HAS_SCALED_MM_INT8_80
+    case QB_VARIANT_SM80: return qb::sm80_int8_scaled_mm(a, err);
+#endif
+#ifdef QB_HAS_SCALED_MM_INT8_75
+    case QB_VARIANT_SM75: return qb::sm75_int8_scaled_mm(a, err);
+#endif
+    default: (void)a; return err.set(QB_ERR_NOT_BUILT, "qb_scaled_mm: variant %d not built", variant);
+  }
+}
+
+// Rules on sizes and codes alone (no pointers): shared by the call and the workspace query.
+int check_shape(int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int out_dtype, const qb::Err& err) {
+  if (a_dtype != QB_E4M3 && a_dtype != QB_I8) {
+    if (a_dtype == QB_E5M2)
+      return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: e5m2 operands are not supported (e4m3 or i8 only)");
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: a_dtype %d (%s) must be e4m3 (%d) or i8 (%d)", a_dtype,
+                   dtype_name(a_dtype), QB_E4M3, QB_I8);
+  }
+  if (b_dtype != a_dtype)
+    return err.set(b_dtype == QB_E5M2 || b_dtype == QB_E4M3 || b_dtype == QB_I8 ? QB_ERR_UNSUPPORTED
+                                                                                 : QB_ERR_INVALID_ARGUMENT,
+                   "qb_scaled_mm: b_dtype (%s) must equal a_dtype (%s)", dtype_name(b_dtype), dtype_name(a_dtype));
+  if (out_dtype != QB_BF16 && out_dtype != QB_F16)
+    return err.set(out_dtype == QB_F32 ? QB_ERR_UNSUPPORTED : QB_ERR_INVALID_ARGUMENT,
+                   "qb_scaled_mm: out_dtype %s must be bf16 or f16", dtype_name(out_dtype));
+  if (M < 0) return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: M (=%lld) must be >= 0", (long long)M);
+  if (N <= 0 || K <= 0)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: N (=%lld) and K (=%lld) must be > 0", (long long)N,
+                   (long long)K);
+  // Kernels index problem sizes with 32-bit ints.
+  const int64_t kMax = (int64_t(1) << 31) - 1;
+  if (M > kMax || N > kMax || K > kMax)
+    return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: M, N and K must each be < 2^31");
+  if (K % 16 != 0)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: K (=%lld) must be a multiple of 16", (long long)K);
+  if (N % 16 != 0)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: N (=%lld) must be a multiple of 16", (long long)N);
+  return QB_OK;
+}
+
+int scaled_mm_impl(const void* a, int64_t lda, const void* b, int64_t ldb, void* out, int64_t ldo, int64_t M,
+                   int64_t N, int64_t K, int a_dtype, int b_dtype, int out_dtype, const float* scale_a,
+                   int scale_a_kind, const float* scale_b, int scale_b_kind, const void* bias, int variant,
+                   void* workspace, size_t workspace_size, void* stream, const qb::Err& err) {
+  if (err.buf && err.len) err.buf[0] = '\0';
+  int st = check_shape(M, N, K, a_dtype, b_dtype, out_dtype, err);
+  if (st != QB_OK) return st;
+  if (scale_a_kind != QB_SCALE_TENSOR && scale_a_kind != QB_SCALE_ROW)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: scale_a_kind %d must be 0 (tensor) or 1 (row)", scale_a_kind);
+  if (scale_b_kind != QB_SCALE_TENSOR && scale_b_kind != QB_SCALE_ROW)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: scale_b_kind %d must be 0 (tensor) or 1 (column)",
+                   scale_b_kind);
+  if (M == 0) return QB_OK;  // empty [0, K] tensors may carry NULL data pointers: nothing to read or write
+
+  if (a == nullptr || b == nullptr || out == nullptr || scale_a == nullptr || scale_b == nullptr)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: a, b, out, scale_a and scale_b must be non-NULL");
+  if (lda < K || ldb < K || ldo < N)
+    return err.set(QB_ERR_INVALID_ARGUMENT,
+                   "qb_scaled_mm: leading dimensions too small: need lda (=%lld) >= K, ldb (=%lld) >= K, "
+                   "ldo (=%lld) >= N (K=%lld, N=%lld)",
+                   (long long)lda, (long long)ldb, (long long)ldo, (long long)K, (long long)N);
+  const int64_t out_size = 2;  // bf16 / f16
+  if (!qb::aligned16(a) || !qb::aligned16(b) || !qb::aligned16(out))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: a, b and out must be 16-byte aligned");
+  if (lda % 16 != 0 || ldb % 16 != 0 || (ldo * out_size) % 16 != 0)
+    return err.set(QB_ERR_INVALID_ARGUMENT,
+                   "qb_scaled_mm: row strides must be multiples of 16 bytes (lda=%lld, ldb=%lld elements of 1 byte, "
+                   "ldo=%lld elements of 2 bytes)",
+                   (long long)lda, (long long)ldb, (long long)ldo);
+  if ((reinterpret_cast<uintptr_t>(scale_a) & 3u) || (reinterpret_cast<uintptr_t>(scale_b) & 3u))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: scale_a and scale_b must be 4-byte aligned fp32");
+  if (bias != nullptr && (reinterpret_cast<uintptr_t>(bias) & 1u))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: bias must be 2-byte aligned");
+
+  qb::DeviceInfo dev;
+  if ((st = qb::current_device(&dev, err)) != QB_OK) return st;
+  int fam = 0;
+  if ((st = resolve_variant(a_dtype, variant, dev.cc, err, &fam)) != QB_OK) return st;
+
+  qb::ScaledMmArgs args;
+  args.a = a;
+  args.lda = lda;
+  args.b = b;
+  args.ldb = ldb;
+  args.out = out;
+  args.ldo = ldo;
+  args.M = M;
+  args.N = N;
+  args.K = K;
+  args.out_dtype = out_dtype;
+  args.scale_a = scale_a;
+  args.scale_a_per_row = scale_a_kind == QB_SCALE_ROW;
+  args.scale_b = scale_b;
+  args.scale_b_per_col = scale_b_kind == QB_SCALE_ROW;
+  args.bias = bias;
+  args.workspace = workspace;
+  args.workspace_size = workspace ? workspace_size : 0;
+  args.stream = static_cast<cudaStream_t>(stream);
+  args.sm_count = dev.sm_count;
+  args.config = t_config;
+  args.decomp = t_decomp;
+  args.splits = t_splits;
+  args.swizzle = t_swizzle;
+  return family_run(fam, args, err);
+}
+
+}  // namespace
+
+extern "C" int qb_scaled_mm(const void* a, int64_t lda, const void* b, int64_t ldb, void* out, int64_t ldo,
+                            int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int out_dtype,
+                            const float* scale_a, int scale_a_kind, const float* scale_b, int scale_b_kind,
+                            const void* bias, int variant, void* stream, char* err, size_t err_len) {
+  return scaled_mm_impl(a, lda, b, ldb, out, ldo, M, N, K, a_dtype, b_dtype, out_dtype, scale_a, scale_a_kind,
+                        scale_b, scale_b_kind, bias, variant, nullptr, 0, stream, qb::Err{err, err_len});
+}
+
+extern "C" int qb_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_t ldb, void* out, int64_t ldo,
+                               int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int out_dtype,
+                               const float* scale_a, int scale_a_kind, const float* scale_b, int scale_b_kind,
+                               const void* bias, int variant, void* workspace, size_t workspace_size, void* stream,
+                               char* err, size_t err_len) {
+  return scaled_mm_impl(a, lda, b, ldb, out, ldo, M, N, K, a_dtype, b_dtype, out_dtype, scale_a, scale_a_kind,
+                        scale_b, scale_b_kind, bias, variant, workspace, workspace_size, stream,
+                        qb::Err{err, err_len});
+}
+
+extern "C" size_t qb_scaled_mm_workspace_size(int64_t M, int64_t N, int64_t K, int a_dtype, int out_dtype,
+                                              int variant) {
+  const qb::Err none{nullptr, 0};
+  if (check_shape(M, N, K, a_dtype, a_dtype, out_dtype, none) != QB_OK || M == 0) return 0;
+  qb::DeviceInfo dev;
+  if (qb::current_device(&dev, none) != QB_OK) return 0;
+  int fam = 0;
+  if (resolve_variant(a_dtype, variant, dev.cc, none, &fam) != QB_OK) return 0;
+  qb::ScaledMmArgs args{};
+  args.M = M;
+  args.N = N;
+  args.K = K;
+  args.lda = K;
+  args.ldb = K;
+  args.ldo = N;
+  args.out_dtype = out_dtype;
+  args.sm_count = dev.sm_count;
+  args.config = t_config;
+  args.decomp = t_decomp;
+  args.splits = t_splits;
+  args.swizzle = t_swizzle;
+  return family_workspace(fam, args);
+}
+
+extern "C" int qb_scaled_mm_config_count(int a_dtype, int variant) {
+  if (!built(a_dtype, variant)) return 0;
+  switch (variant) {
+#ifdef QB_HAS_SCALED_MM_FP8_90
+    case QB_VARIANT_SM90: return qb::sm90_fp8_config_count();
+#endif
+#ifdef QB_HAS_SCALED_MM_FP8_89
+    case QB_VARIANT_SM89: return qb::sm89_fp8_config_count();
+#endif
+#ifdef QB_HAS_SCALED_MM_INT8_80
+    case QB_VARIANT_SM80: return qb::sm80_int8_config_count();
+#endif
+#ifdef QB_HAS_SCALED_MM_INT8_75
+    case QB_VARIANT_SM75: return qb::sm75_int8_config_count();
+#endif
+    default: return 0;
+  }
+}
+
+extern "C" const char* qb_scaled_mm_config_name(int a_dtype, int variant, int config) {
+  if (!built(a_dtype, variant) || config < 0) return nullptr;
+  switch (variant) {
+#ifdef QB_HAS_SCALED_MM_FP8_90
+    case QB_VARIANT_SM90: return qb::sm90_fp8_config_name(config);
+#endif
+#ifdef QB_HAS_SCALED_MM_FP8_89
+    case QB_VARIANT_SM89: return qb::sm89_fp8_config_name(config);
+#endif
+#ifdef QB_HAS_SCALED_MM_INT8_80
+    case QB_VARIANT_SM80: return qb::sm80_int8_config_name(config);
+#endif
+#ifdef QB_HAS_SCALED_MM_INT8_75
+    case QB_VARIANT_SM75: return qb::sm75_int8_config_name(config);
+#endif
+    default: return nullptr;
+  }
+}
+
+extern "C" void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzle) {
+  t_config = config;
+  t_decomp = decomposition;
+  t_splits = splits;
+  t_swizzle = swizzle;
+}

@@ -1,0 +1,205 @@
+// marlin_host.cuh: the host side of one family (launch configuration, the M-chunk loop, the prepare
+// launch), templated on the family's ARCH and included by that family's translation unit only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "marlin_kernel.cuh"
+#include "qbackend_cuda.h"
+
+namespace qbmarlin {
+namespace host {
+
+constexpr int kMaxDevices = 64;
+
+// Raise one kernel instance's dynamic shared-memory limit once per device (the static array is
+// per template instance; racing threads only repeat an idempotent call).
+template <int MT, bool BF16, int ARCH>
+inline cudaError_t allow_smem(int bytes) {
+  static int allowed[kMaxDevices] = {0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  if (cached && allowed[dev] >= bytes) return cudaSuccess;
+  e = cudaFuncSetAttribute(kern::marlin_mm_kernel<MT, BF16, ARCH>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess && cached) allowed[dev] = bytes;
+  return e;
+}
+
+// Pipeline depth and resident blocks per multiprocessor for one m16-tile count.
+struct LaunchShape {
+  int stages;
+  int blocks_per_sm;  // wanted (the occupancy query may grant fewer)
+};
+
+// Automatic choice, from H200 measurements (bench_marlin.py --tune, 2026-11-30, M = 1 and 16): two
+// resident blocks of 8 warps per multiprocessor stream large weights 1.2-1.25x faster than one block
+// (57344x8192: 135 vs 170 us; 28672x4096: 42 vs 52 us), while for small weights (4096x4096,
+// 1024 tiles) one block with a deeper pipeline wins (12.9 vs 14.8 us). Two blocks are used when
+// each would still get >= 12 tiles (units >= 24 * SMs).
+constexpr int kTwoBlocksMinTilesPerBlock = 12;
+
+template <int ARCH>
+inline LaunchShape launch_shape(int MT, int units, const MmArgs& a) {
+  const int stage = kTileBytes + MT * 16 * kTileK * 2;
+  const int kernel_min_blocks = (ARCH >= 80 && MT == 1) ? 2 : 1;  // = kern::Occupancy<MT, ARCH>::kMinBlocks
+  const bool big = units >= kTwoBlocksMinTilesPerBlock * kMaxBlocksPerSm * a.sm_count;
+  int bps = a.blocks_per_sm > 0 ? a.blocks_per_sm : (big ? kernel_min_blocks : 1);
+  if (bps > kMaxBlocksPerSm) bps = kMaxBlocksPerSm;
+  if (ARCH < 80) return {2, bps};
+  int s = a.stages > 0 ? a.stages : (bps >= 2 ? (MT == 1 ? 5 : 4) : (MT == 1 ? 8 : MT == 2 ? 6 : MT == 3 ? 5 : 4));
+  if (s > 12) s = 12;
+  // per-block budget: the opt-in limit, and with several blocks their share of the multiprocessor
+  int budget = a.smem_optin;
+  if (bps > 1 && a.smem_per_sm > 0) {
+    const int share = a.smem_per_sm / bps - 1024 - 256;  // 1 KiB reserved per block, static smem
+    if (share < budget) budget = share;
+  }
+  while (s > 2 && s * stage > budget) --s;
+  return {s < 2 ? 2 : s, bps};
+}
+
+template <int ARCH>
+inline int max_rows(int units, const MmArgs& a) {
+  for (int mt = 4; mt > 1; --mt) {
+    const LaunchShape ls = launch_shape<ARCH>(mt, units, a);
+    if (ls.stages * (kTileBytes + mt * 16 * kTileK * 2) + 256 <= a.smem_optin) return 16 * mt;
+  }
+  return 16;
+}
+
+// Resident blocks per multiprocessor for this kernel instance and shared-memory size (cached per
+// device: the query is host-only but not free).
+template <int MT, bool BF16, int ARCH>
+inline int resident_blocks(int smem, int* out) {
+  static int cached_smem[kMaxDevices] = {0};
+  static int cached_occ[kMaxDevices] = {0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const bool cache = dev >= 0 && dev < kMaxDevices;
+  if (cache && cached_smem[dev] == smem && cached_occ[dev] > 0) {
+    *out = cached_occ[dev];
+    return cudaSuccess;
+  }
+  int occ = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern::marlin_mm_kernel<MT, BF16, ARCH>, kThreads, smem);
+  if (e != cudaSuccess) return e;
+  if (occ < 1) occ = 1;
+  if (cache) {
+    cached_occ[dev] = occ;
+    cached_smem[dev] = smem;
+  }
+  *out = occ;
+  return cudaSuccess;
+}
+
+template <int MT, bool BF16, int ARCH>
+inline int launch(const kern::Params& prm, const MmArgs& a, char* err, size_t err_len) {
+  const LaunchShape ls = launch_shape<ARCH>(MT, prm.units, a);
+  const int smem = ls.stages * kern::Shape<MT>::kStageBytes;
+  cudaError_t e = allow_smem<MT, BF16, ARCH>(smem);
+  if (e != cudaSuccess)
+    return set_err(err, err_len, QB_ERR_CUDA, "marlin sm%d: cudaFuncSetAttribute(%d bytes of shared memory): %s: %s",
+                   ARCH, smem, cudaGetErrorName(e), cudaGetErrorString(e));
+  int occ = 1;
+  e = static_cast<cudaError_t>(resident_blocks<MT, BF16, ARCH>(smem, &occ));
+  if (e != cudaSuccess)
+    return set_err(err, err_len, QB_ERR_CUDA, "marlin sm%d: occupancy query: %s: %s", ARCH, cudaGetErrorName(e),
+                   cudaGetErrorString(e));
+  const int bps = occ < ls.blocks_per_sm ? occ : ls.blocks_per_sm;
+  int g = bps * a.sm_count;
+  if (g > a.max_grid) g = a.max_grid;
+  if (g < 1) g = 1;
+  kern::Params q = prm;
+  q.per = static_cast<int>(cdiv(prm.units, g));
+  const int grid = static_cast<int>(cdiv(prm.units, q.per));
+  q.stages = ls.stages;
+  kern::marlin_mm_kernel<MT, BF16, ARCH><<<grid, kThreads, smem, a.stream>>>(q);
+  e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return set_err(err, err_len, QB_ERR_CUDA, "marlin sm%d kernel launch (M tile %d, %s, grid %d, smem %d): %s: %s",
+                   ARCH, MT * 16, BF16 ? "bf16" : "fp16", grid, smem, cudaGetErrorName(e), cudaGetErrorString(e));
+  return QB_OK;
+}
+
+template <int ARCH>
+inline int run_mm(const MmArgs& a, char* err, size_t err_len) {
+  if (ARCH < 80 && a.bf16)
+    return set_err(err, err_len, QB_ERR_UNSUPPORTED,
+                   "marlin sm75: bf16 activations are not supported (sm_75 tensor cores have no bf16 MMA, and "
+                   "converting bf16 to fp16 would overflow above 65504); use fp16 activations or the sm80 variant");
+  const int NT = static_cast<int>(cdiv(a.N, kTileN));
+  const int KT = static_cast<int>(cdiv(a.K, kTileK));
+  const int rows = max_rows<ARCH>(NT * KT, a);
+
+  kern::Params prm{};
+  prm.lda_bytes = a.lda * 2;
+  prm.w = a.w;
+  prm.ldo_bytes = a.ldo * 2;
+  prm.N = a.N;
+  prm.K = a.K;
+  prm.KT = KT;
+  prm.units = NT * KT;
+  prm.scale = a.scale;
+  prm.scale_per_col = a.scale_per_col ? 1 : 0;
+  prm.bias = static_cast<const uint8_t*>(a.bias);
+  prm.partials = a.partials;
+  prm.counters = a.counters;
+
+  for (int64_t m0 = 0; m0 < a.M; m0 += rows) {
+    const int mc = static_cast<int>(a.M - m0 < rows ? a.M - m0 : rows);
+    const int MT = (mc + 15) / 16;
+    prm.a = static_cast<const uint8_t*>(a.a) + m0 * prm.lda_bytes;
+    prm.out = static_cast<uint8_t*>(a.out) + m0 * prm.ldo_bytes;
+    prm.M = mc;
+    int rc;
+    if constexpr (ARCH >= 80) {
+      if (a.bf16) {
+        switch (MT) {
+          case 1: rc = launch<1, true, ARCH>(prm, a, err, err_len); break;
+          case 2: rc = launch<2, true, ARCH>(prm, a, err, err_len); break;
+          case 3: rc = launch<3, true, ARCH>(prm, a, err, err_len); break;
+          default: rc = launch<4, true, ARCH>(prm, a, err, err_len); break;
+        }
+      } else {
+        switch (MT) {
+          case 1: rc = launch<1, false, ARCH>(prm, a, err, err_len); break;
+          case 2: rc = launch<2, false, ARCH>(prm, a, err, err_len); break;
+          case 3: rc = launch<3, false, ARCH>(prm, a, err, err_len); break;
+          default: rc = launch<4, false, ARCH>(prm, a, err, err_len); break;
+        }
+      }
+    } else {
+      switch (MT) {
+        case 1: rc = launch<1, false, ARCH>(prm, a, err, err_len); break;
+        case 2: rc = launch<2, false, ARCH>(prm, a, err, err_len); break;
+        case 3: rc = launch<3, false, ARCH>(prm, a, err, err_len); break;
+        default: rc = launch<4, false, ARCH>(prm, a, err, err_len); break;
+      }
+    }
+    if (rc != QB_OK) return rc;
+  }
+  return QB_OK;
+}
+
+template <int ARCH>
+inline int run_prepare(const void* w, int64_t ldw, int N, int K, void* packed, int32_t* nan_count, cudaStream_t stream,
+                       char* err, size_t err_len) {
+  const int64_t NT = cdiv(N, kTileN), KT = cdiv(K, kTileK);
+  const int64_t words = NT * KT * (kTileBytes / 4);
+  const int64_t blocks = cdiv(words, 256);
+  if (blocks > 0x7FFFFFFF) return set_err(err, err_len, QB_ERR_INVALID_ARGUMENT, "marlin prepare: weight too large");
+  kern::marlin_prepare_kernel<ARCH><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      static_cast<const uint8_t*>(w), ldw, N, K, static_cast<int>(KT), static_cast<uint32_t*>(packed), words,
+      nan_count);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return set_err(err, err_len, QB_ERR_CUDA, "marlin prepare kernel launch: %s: %s", cudaGetErrorName(e),
+                   cudaGetErrorString(e));
+  return QB_OK;
+}
+
+}  // namespace host
+}  // namespace qbmarlin

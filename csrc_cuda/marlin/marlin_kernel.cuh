@@ -1,0 +1,571 @@
+// marlin_kernel.cuh: the W8A16 kernel template, instantiated by marlin_sm80.cu (ARCH = 80) and
+// marlin_sm75.cu (ARCH = 75) inside their own namespaces, so each family has distinct symbols.
+//
+// Work split. The packed weight is a sequence of U = NT * KT tiles (128 n x 128 k, 16 KiB each),
+// tile (t, kt) at index u = t * KT + kt. Block b takes the contiguous run [b * per, (b+1) * per),
+// so every block streams one contiguous byte range and all blocks carry the same load (up to one
+// tile). A run covers the tail of one output tile-column t, then whole columns, then the head of
+// another: each maximal piece with one t is a "segment". A segment spanning all of K writes its
+// outputs directly. Otherwise (split-K) the block stores its fp32 partial sums in a workspace slot,
+// bumps the column's counter, and the block that arrives last sums every contributor's slot in
+// block order (deterministic), applies the epilogue and resets the counter to 0. No block waits on
+// another, so there is no deadlock whatever the residency.
+//
+// Inside a block. 8 warps: warp w works on columns (w & 1) * 64 .. +64 and on k16 steps
+// (w >> 1) * 2 .. +2 of every tile, for all activation rows (MT m16 tiles). Weights go global ->
+// shared (SM80: cp.async, a ring of `stages` buffers; SM75: registers, two buffers), are read back
+// as 32 ready-made B fragments per warp with two 16-byte loads per lane, decoded in registers
+// (decode_* below) and fed to the tensor cores next to A fragments from ldmatrix. At a segment end
+// the four k-warps' accumulators are summed through shared memory (the buffer just consumed), and
+// warps 0 and 1 run the epilogue: * scale, + bias, round to the activation dtype.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "marlin_internal.h"
+
+namespace qbmarlin {
+namespace kern {
+
+struct Params {
+  const uint8_t* a;  // activations as bytes (row r at a + r * lda_bytes)
+  int64_t lda_bytes;
+  const uint8_t* w;  // packed tiles
+  uint8_t* out;
+  int64_t ldo_bytes;
+  int M;  // rows of this launch, 1..64
+  int N, K;
+  int KT;     // k tiles per column
+  int per;    // tiles per block
+  int units;  // NT * KT
+  const float* scale;
+  int scale_per_col;
+  const uint8_t* bias;  // [N] activation dtype, or null
+  float* partials;
+  int* counters;
+  int stages;  // SM80 ring depth
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- decoding (see qbackend_marlin.h for why it is exact) ---------------------------------------
+// Word layout written by the prepare kernel, weights A,B (k0, k0+1) and C,D (k0+8, k0+9):
+//   bit 15 sign A, 13..7 magnitude A, bit 31 sign B, 29..23 magnitude B,
+//   bit 14 sign C,  6..0 magnitude C, bit 30 sign D, 22..16 magnitude D.
+// fp16: {A,B} is the word with bits 14/30 and the low 7 bits of each half cleared; {C,D} moves the
+// magnitudes up by 7 and the signs up by 1. bf16 wants the magnitude 3 bits lower than fp16.
+template <bool BF16>
+__device__ __forceinline__ void decode_word(uint32_t w, uint32_t& ab, uint32_t& cd) {
+  uint32_t x, y;
+  if constexpr (!BF16) {
+    x = w & 0xBF80BF80u;
+    y = ((w << 7) & 0x3F803F80u) | ((w << 1) & 0x80008000u);
+    const uint32_t k256 = 0x5C005C00u;  // fp16 2^8 in both halves
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(ab) : "r"(x), "r"(k256));
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(cd) : "r"(y), "r"(k256));
+  } else {
+    x = (w & 0x80008000u) | ((w >> 3) & 0x07F007F0u);
+    y = ((w << 1) & 0x80008000u) | ((w << 4) & 0x07F007F0u);
+    const uint32_t k2p120 = 0x7B807B80u;  // bf16 2^120 in both halves
+    const uint32_t mzero = 0x80008000u;   // -0: x * c + (-0) == x * c exactly, signed zeros kept
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(ab) : "r"(x), "r"(k2p120), "r"(mzero));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(cd) : "r"(y), "r"(k2p120), "r"(mzero));
+  }
+}
+
+// ---- tensor core and shared-memory helpers ------------------------------------------------------
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <bool BF16, int ARCH>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (ARCH >= 80) {
+    if constexpr (BF16) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+          "{%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+          "{%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+  } else {
+    static_assert(!BF16 || ARCH >= 80, "sm_75 has no bf16 MMA");
+    // m16n8k16 as two m16n8k8: k 0..7 uses A fragments {a0, a1} and b0, k 8..15 {a2, a3} and b1.
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b1));
+  }
+}
+
+// SM80 asynchronous copies (L2 only: each weight byte is used once). No L2 cache-policy hint: with a
+// createpolicy descriptor the H200's JIT of the compute_80 PTX produced LDGSTS that fault with
+// "illegal instruction" (seen 2026-11-30, driver 580.159.04).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;  // 0 source bytes: the 16 destination bytes are zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// Wait until at most n groups are pending (n is a run-time value: the ring depth minus 2).
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    case 7: cp_async_wait<7>(); break;
+    case 8: cp_async_wait<8>(); break;
+    case 9: cp_async_wait<9>(); break;
+    default: cp_async_wait<10>(); break;
+  }
+}
+
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ float2 ldcg_f2(const float* p) { return __ldcg(reinterpret_cast<const float2*>(p)); }
+
+template <bool BF16>
+__device__ __forceinline__ float2 act2_to_float2(uint32_t v) {
+  float2 r;
+  if constexpr (BF16) {
+    r.x = __uint_as_float(v << 16);
+    r.y = __uint_as_float(v & 0xFFFF0000u);
+  } else {
+    asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
+        : "=f"(r.x), "=f"(r.y)
+        : "r"(v));
+  }
+  return r;
+}
+
+template <bool BF16>
+__device__ __forceinline__ uint32_t float2_to_act2(float x, float y) {
+  uint32_t r;
+  if constexpr (BF16) {
+    asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(x), "f"(y));  // high half = y
+  } else {
+    asm("{\n .reg .f16 l, h;\n cvt.rn.f16.f32 l, %1;\n cvt.rn.f16.f32 h, %2;\n mov.b32 %0, {l, h};\n}\n"
+        : "=r"(r)
+        : "f"(x), "f"(y));
+  }
+  return r;
+}
+
+// ---- the kernel ---------------------------------------------------------------------------------
+template <int MT>
+struct Shape {
+  static constexpr int kARowBytes = kTileK * 2;             // one fp16/bf16 row of a tile: 256 B
+  static constexpr int kABytes = MT * 16 * kARowBytes;      // A rows of one stage
+  static constexpr int kStageBytes = kTileBytes + kABytes;  // weights first, then A
+  static_assert(MT * 16 * kTileN * 4 <= kStageBytes, "reduction buffer must fit one stage");
+};
+
+template <int MT, bool BF16, int ARCH>
+struct Block {
+  using S = Shape<MT>;
+  // Warp grid: WN warps along n x WK along k. With 1-2 m16 tiles a warp takes 64 columns (JN = 8
+  // n8 blocks) and 2 of the 8 k16 steps of a tile; with 3-4 m16 tiles it takes 32 columns and 4 k16
+  // steps, which halves the accumulators (MT * JN * 4 floats per thread) and keeps them in registers.
+  static constexpr int WN = MT <= 2 ? 2 : 4;
+  static constexpr int WK = 8 / WN;
+  static constexpr int JN = 16 / WN;   // n8 blocks per warp
+  static constexpr int KSW = 8 / WK;   // k16 steps per warp per tile
+  static constexpr int PIECES = JN / 4;  // 16-byte weight pieces per lane per k16 step
+  const Params& p;
+  uint8_t* smem;
+  int tid, lane, wn, wk;
+  float acc[MT][JN][4];
+
+  __device__ __forceinline__ Block(const Params& p_, uint8_t* smem_) : p(p_), smem(smem_) {
+    tid = threadIdx.x;
+    lane = tid & 31;
+    wn = (tid >> 5) % WN;
+    wk = (tid >> 5) / WN;
+  }
+
+  __device__ __forceinline__ void zero_acc() {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < JN; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mt][j][r] = 0.f;
+  }
+
+  // A chunk (row, 16-byte piece) of a stage goes to piece (ch ^ (row & 7)) of its 256-byte row, so
+  // the eight row addresses of each ldmatrix hit eight different bank groups.
+  __device__ __forceinline__ static uint32_t a_offset(int row, int ch) {
+    return static_cast<uint32_t>(row * S::kARowBytes + ((ch ^ (row & 7)) << 4));
+  }
+
+  // Column (inside the 128-wide tile) of n8 block j of this warp.
+  __device__ __forceinline__ int col0(int j) const { return wn * (JN * 8) + j * 8; }
+
+  // Weights and activations of one tile, from shared memory into the accumulators.
+  __device__ __forceinline__ void compute(const uint8_t* stage) {
+    const uint4* wsm = reinterpret_cast<const uint4*>(stage);
+    const uint32_t a_base = smem_addr(stage + kTileBytes);
+    const int lrow = (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int lch = lane >> 4;
+    // fragment block of k16 step ks: half h (64 columns), piece c (32 columns) of each lane's 32 bytes
+    const int h = WN == 2 ? wn : (wn >> 1);
+    const int c0 = WN == 2 ? 0 : (wn & 1);
+#pragma unroll
+    for (int s = 0; s < KSW; ++s) {
+      const int ks = wk * KSW + s;  // k16 step inside the tile
+      const int fb = h * 8 + ks;
+      uint4 q[PIECES];
+#pragma unroll
+      for (int pc = 0; pc < PIECES; ++pc) q[pc] = wsm[fb * 64 + (c0 + pc) * 32 + lane];
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) ldsm_x4(af[mt], a_base + a_offset(mt * 16 + lrow, ks * 2 + lch));
+#pragma unroll
+      for (int j = 0; j < JN; ++j) {
+        const uint4& qq = q[j >> 2];
+        const uint32_t word = (j & 3) == 0 ? qq.x : (j & 3) == 1 ? qq.y : (j & 3) == 2 ? qq.z : qq.w;
+        uint32_t b0, b1;
+        decode_word<BF16>(word, b0, b1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma16816<BF16, ARCH>(acc[mt][j], af[mt], b0, b1);
+      }
+    }
+  }
+
+  // out = acc * scale + bias for the columns of tile t this warp owns (wk == 0 warps only).
+  __device__ __forceinline__ void epilogue(int t) {
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int j = 0; j < JN; ++j) {
+      const int n = t * kTileN + col0(j) + 2 * q;
+      if (n >= p.N) continue;  // N % 8 == 0: n < N implies n + 1 < N
+      float s0, s1;
+      if (p.scale_per_col) {
+        s0 = __ldg(p.scale + n);
+        s1 = __ldg(p.scale + n + 1);
+      } else {
+        s0 = s1 = __ldg(p.scale);
+      }
+      float2 bv = make_float2(0.f, 0.f);
+      if (p.bias) bv = act2_to_float2<BF16>(__ldg(reinterpret_cast<const uint32_t*>(p.bias + 2 * (int64_t)n)));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = mt * 16 + g + hh * 8;
+          if (r < p.M) {
+            const uint32_t v = float2_to_act2<BF16>(fmaf(acc[mt][j][2 * hh], s0, bv.x),
+                                                    fmaf(acc[mt][j][2 * hh + 1], s1, bv.y));
+            *reinterpret_cast<uint32_t*>(p.out + r * p.ldo_bytes + 2 * (int64_t)n) = v;
+          }
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ int red_index(int mt, int j) const { return ((wn * MT + mt) * JN + j) * 32 + lane; }
+
+  // Called by all threads after the tile that ends a segment was computed from `stage`.
+  __device__ __forceinline__ void finish_segment(uint8_t* stage, int t, bool full, int u0, int* s_flag) {
+    float4* red = reinterpret_cast<float4*>(stage);
+    __syncthreads();  // every warp is done reading `stage`
+#pragma unroll
+    for (int step = WK - 1; step >= 1; --step) {
+      if (wk == step) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < JN; ++j) {
+            float4 o = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+            if (step != WK - 1) {
+              const float4 v = red[red_index(mt, j)];
+              o.x += v.x;
+              o.y += v.y;
+              o.z += v.z;
+              o.w += v.w;
+            }
+            red[red_index(mt, j)] = o;
+          }
+      }
+      __syncthreads();
+    }
+    if (wk != 0) return;
+    // the WN warps with wk == 0 (threads 0 .. 32 * WN - 1) from here on
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < JN; ++j) {
+        const float4 o = red[red_index(mt, j)];
+        acc[mt][j][0] += o.x;
+        acc[mt][j][1] += o.y;
+        acc[mt][j][2] += o.z;
+        acc[mt][j][3] += o.w;
+      }
+    if (full) {
+      epilogue(t);
+      return;
+    }
+    const int g = lane >> 2, q = lane & 3;
+    const int b = blockIdx.x;
+    const int first_t = u0 / p.KT;
+    const int my_slot = 2 * b + (t == first_t ? 0 : 1);
+    float* part = p.partials + (size_t)my_slot * kPartialFloats;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < JN; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = mt * 16 + g + hh * 8;
+          if (r < p.M)
+            __stcg(reinterpret_cast<float2*>(part + r * kTileN + col0(j) + 2 * q),
+                   make_float2(acc[mt][j][2 * hh], acc[mt][j][2 * hh + 1]));
+        }
+    const int b_first = (t * p.KT) / p.per;
+    const int b_last = ((t + 1) * p.KT - 1) / p.per;
+    __threadfence();
+    named_barrier_sync(1, 32 * WN);
+    if (tid == 0) {
+      const int prev = atomicAdd(p.counters + t, 1);
+      *s_flag = (prev == b_last - b_first);
+    }
+    named_barrier_sync(1, 32 * WN);
+    if (!*s_flag) return;
+    __threadfence();
+    zero_acc();
+    for (int bb = b_first; bb <= b_last; ++bb) {
+      const int slot = 2 * bb + ((bb * p.per) / p.KT == t ? 0 : 1);
+      const float* src = p.partials + (size_t)slot * kPartialFloats;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < JN; ++j)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = mt * 16 + g + hh * 8;
+            if (r < p.M) {
+              const float2 v = ldcg_f2(src + r * kTileN + col0(j) + 2 * q);
+              acc[mt][j][2 * hh] += v.x;
+              acc[mt][j][2 * hh + 1] += v.y;
+            }
+          }
+    }
+    epilogue(t);
+    if (tid == 0) atomicExch(p.counters + t, 0);  // ready for the next launch
+  }
+};
+
+// Blocks per multiprocessor the register budget is sized for: two for one m16 tile on the SM80
+// family (a second resident block hides the per-tile barrier and load-to-use latencies of the
+// first), one otherwise.
+template <int MT, int ARCH>
+struct Occupancy {
+  static constexpr int kMinBlocks = (ARCH >= 80 && MT == 1) ? 2 : 1;
+};
+
+template <int MT, bool BF16, int ARCH>
+__global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) marlin_mm_kernel(const Params p) {
+  using S = Shape<MT>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int s_flag;
+  Block<MT, BF16, ARCH> blk(p, smem);
+  blk.zero_acc();
+
+  const int tid = threadIdx.x;
+  const int u0 = blockIdx.x * p.per;
+  const int n = min(p.units, u0 + p.per) - u0;
+  int seg_kt0 = u0 % p.KT;  // k tile where the current segment started
+
+  if constexpr (ARCH >= 80) {
+    const int nst = p.stages;
+    auto load = [&](int u, int kt, uint8_t* stage) {
+      const uint8_t* src = p.w + (size_t)u * kTileBytes;
+      const uint32_t dst = smem_addr(stage);
+#pragma unroll
+      for (int c = 0; c < kTileBytes / 16 / kThreads; ++c) {
+        const int off = (c * kThreads + tid) * 16;
+        cp_async_16(dst + off, src + off);
+      }
+      const uint32_t adst = dst + kTileBytes;
+#pragma unroll
+      for (int c = 0; c < MT; ++c) {  // MT * 16 rows x 16 pieces = MT * 256 pieces
+        const int row = c * 16 + (tid >> 4), ch = tid & 15;
+        const int k = kt * kTileK + ch * 8;
+        const bool valid = row < p.M && k < p.K;
+        const uint8_t* asrc = valid ? p.a + row * p.lda_bytes + 2 * (int64_t)k : p.a;
+        cp_async_16_zfill(adst + Block<MT, BF16, ARCH>::a_offset(row, ch), asrc, valid);
+      }
+    };
+    int lkt = seg_kt0;  // k tile of the next tile to load
+    for (int s = 0; s < nst - 1; ++s) {
+      if (s < n) load(u0 + s, lkt, smem + s * S::kStageBytes);
+      lkt = (lkt + 1 == p.KT) ? 0 : lkt + 1;
+      cp_async_commit();
+    }
+    int rd = 0, wr = nst - 1;
+    int t = u0 / p.KT, kt = seg_kt0;  // tile computed in this iteration
+    for (int i = 0; i < n; ++i) {
+      cp_async_wait_dyn(nst - 2);
+      __syncthreads();
+      if (i + nst - 1 < n) load(u0 + i + nst - 1, lkt, smem + wr * S::kStageBytes);
+      lkt = (lkt + 1 == p.KT) ? 0 : lkt + 1;
+      cp_async_commit();
+      uint8_t* stage = smem + rd * S::kStageBytes;
+      blk.compute(stage);
+      if (kt == p.KT - 1 || i == n - 1) {
+        blk.finish_segment(stage, t, seg_kt0 == 0 && kt == p.KT - 1, u0, &s_flag);
+        blk.zero_acc();
+        seg_kt0 = 0;
+      }
+      if (++kt == p.KT) {
+        kt = 0;
+        ++t;
+      }
+      rd = (rd + 1 == nst) ? 0 : rd + 1;
+      wr = (wr + 1 == nst) ? 0 : wr + 1;
+    }
+    cp_async_wait<0>();
+  } else {
+    // Register-staged double buffering: tile i + 1 is in flight in registers while tile i is
+    // computed from shared memory.
+    uint4 rw[kTileBytes / 16 / kThreads];
+    uint4 ra[MT];
+    auto fetch = [&](int u, int kt) {
+      const uint8_t* src = p.w + (size_t)u * kTileBytes;
+#pragma unroll
+      for (int c = 0; c < kTileBytes / 16 / kThreads; ++c) rw[c] = ldg_stream(src + (c * kThreads + tid) * 16);
+#pragma unroll
+      for (int c = 0; c < MT; ++c) {
+        const int row = c * 16 + (tid >> 4), ch = tid & 15;
+        const int k = kt * kTileK + ch * 8;
+        if (row < p.M && k < p.K)
+          ra[c] = __ldg(reinterpret_cast<const uint4*>(p.a + row * p.lda_bytes + 2 * (int64_t)k));
+        else
+          ra[c] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    };
+    auto store = [&](uint8_t* stage) {
+      uint4* dw = reinterpret_cast<uint4*>(stage);
+#pragma unroll
+      for (int c = 0; c < kTileBytes / 16 / kThreads; ++c) dw[c * kThreads + tid] = rw[c];
+#pragma unroll
+      for (int c = 0; c < MT; ++c) {
+        const int row = c * 16 + (tid >> 4), ch = tid & 15;
+        *reinterpret_cast<uint4*>(stage + kTileBytes + Block<MT, BF16, ARCH>::a_offset(row, ch)) = ra[c];
+      }
+    };
+    int lkt = seg_kt0;  // k tile of the next tile to fetch
+    auto next_lkt = [&]() { lkt = (lkt + 1 == p.KT) ? 0 : lkt + 1; };
+    fetch(u0, lkt);
+    next_lkt();
+    store(smem);
+    if (n > 1) fetch(u0 + 1, lkt);
+    next_lkt();
+    __syncthreads();
+    int t = u0 / p.KT, kt = seg_kt0;
+    for (int i = 0; i < n; ++i) {
+      uint8_t* stage = smem + (i & 1) * S::kStageBytes;
+      blk.compute(stage);
+      if (kt == p.KT - 1 || i == n - 1) {
+        blk.finish_segment(stage, t, seg_kt0 == 0 && kt == p.KT - 1, u0, &s_flag);
+        blk.zero_acc();
+        seg_kt0 = 0;
+      }
+      if (++kt == p.KT) {
+        kt = 0;
+        ++t;
+      }
+      if (i + 1 < n) store(smem + ((i + 1) & 1) * S::kStageBytes);
+      if (i + 2 < n) fetch(u0 + i + 2, lkt);
+      next_lkt();
+      __syncthreads();
+    }
+  }
+}
+
+// ---- prepare: [N, K] row-major e4m3fn -> packed tiles ------------------------------------------
+__device__ __forceinline__ uint32_t place4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return ((a & 0x80u) << 8) | ((a & 0x7Fu) << 7) | ((b & 0x80u) << 24) | ((b & 0x7Fu) << 23) |
+         ((c & 0x80u) << 7) | (c & 0x7Fu) | ((d & 0x80u) << 23) | ((d & 0x7Fu) << 16);
+}
+
+// One thread per packed 32-bit word. (Templated on the family only to give each family TU its own
+// symbol.)
+template <int ARCH>
+__global__ void marlin_prepare_kernel(const uint8_t* __restrict__ w, int64_t ldw, int N, int K, int KT,
+                                      uint32_t* __restrict__ packed, int64_t words, int32_t* nan_count) {
+  const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int nans = 0;
+  if (id < words) {
+    const int64_t u = id >> 12;  // 4096 words per tile
+    const int r = static_cast<int>(id & 4095);
+    const int fb = r >> 8, c = (r >> 7) & 1, lane = (r >> 2) & 31, qd = r & 3;
+    const int h = fb >> 3, ks = fb & 7;
+    const int t = static_cast<int>(u / KT), kt = static_cast<int>(u % KT);
+    const int n = t * kTileN + h * 64 + (c * 4 + qd) * 8 + (lane >> 2);
+    const int k0 = (kt * 8 + ks) * 16 + 2 * (lane & 3);
+    uint32_t v[4] = {0u, 0u, 0u, 0u};
+    if (n < N) {
+      const uint8_t* row = w + (int64_t)n * ldw;
+      const int ks4[4] = {k0, k0 + 1, k0 + 8, k0 + 9};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (ks4[e] < K) {
+          v[e] = row[ks4[e]];
+          nans += (v[e] & 0x7Fu) == 0x7Fu;
+        }
+      }
+    }
+    packed[id] = place4(v[0], v[1], v[2], v[3]);
+  }
+  if (nan_count) {
+    // warp-aggregated count, one atomic per warp that saw a NaN
+    const unsigned mask = __ballot_sync(0xFFFFFFFFu, nans != 0);
+    if (mask) {
+      int tot = nans;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xFFFFFFFFu, tot, o);
+      if ((threadIdx.x & 31) == 0) atomicAdd(nan_count, tot);
+    }
+  }
+}
+
+}  // namespace kern
+}  // namespace qbmarlin

@@ -1,0 +1,14 @@
+// marlin_sm80.cu: the SM80 family of the W8A16 kernel (cp.async pipeline, ldmatrix, mma.m16n8k16,
+// fp16 and bf16 activations). Compiled for sm_80 SASS + compute_80 PTX.
+#include "marlin_host.cuh"
+
+namespace qbmarlin {
+
+int sm80_marlin_mm(const MmArgs& args, char* err, size_t err_len) { return host::run_mm<80>(args, err, err_len); }
+
+int sm80_marlin_prepare(const void* w, int64_t ldw, int N, int K, void* packed, int32_t* nan_count,
+                        cudaStream_t stream, char* err, size_t err_len) {
+  return host::run_prepare<80>(w, ldw, N, K, packed, nan_count, stream, err, err_len);
+}
+
+}  // namespace qbmarlin

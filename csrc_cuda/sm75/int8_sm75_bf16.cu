@@ -1,0 +1,8 @@
+// int8_sm75_bf16.cu: the bf16-output SM75 INT8 kernels (one TU per output type: parallel build).
+#include "int8_sm75_family.cuh"
+
+namespace qb::sm75 {
+QB_C2X_DEFINE_MEMBERS(Int8Family)
+QB_C2X_INSTANTIATE(Int8Family, 0, cutlass::bfloat16_t)
+QB_C2X_INSTANTIATE(Int8Family, 1, cutlass::bfloat16_t)
+}  // namespace qb::sm75

@@ -1,0 +1,59 @@
+// fp8_sm90_configs.h: the SM90 FP8 kernel configurations, listed once.
+//
+// Compile-time choices (tile, cluster, schedule, operand swap) live here; the split of work across
+// SMs (data-parallel, split-K, stream-K) is chosen at run time by the dispatcher for the stream-K
+// capable (cooperative) configs, which costs no extra instantiation. Every config is instantiated
+// for bf16 and fp16 output, so each line costs two kernels of compile time: keep the list short.
+#pragma once
+
+#include "../common/qb_common.h"
+
+// X(id, name, swap, tile_m, tile_n, tile_k, cluster_m, cluster_n, schedule)
+//   schedule: Coop (cooperative, stream-K scheduler) or Ping (ping-pong, persistent scheduler)
+//   swap: computes out^T = W . A^T, so tile_n covers the tokens (M) and tile_m the channels (N).
+#define QB_SM90_FP8_CONFIGS(X)                                     \
+  X(0, "swap_64x16x128_ping", true, 64, 16, 128, 1, 1, Ping)       \
+  X(1, "swap_64x32x128_ping", true, 64, 32, 128, 1, 1, Ping)       \
+  X(2, "swap_64x64x128_ping", true, 64, 64, 128, 1, 1, Ping)       \
+  X(3, "swap_128x16x128_coop", true, 128, 16, 128, 1, 1, Coop)     \
+  X(4, "swap_128x64x128_coop", true, 128, 64, 128, 1, 1, Coop)     \
+  X(5, "128x128x128_coop", false, 128, 128, 128, 1, 1, Coop)       \
+  X(6, "128x256x128_coop_c2x1", false, 128, 256, 128, 2, 1, Coop)  \
+  X(7, "128x128x128_ping_c2x1", false, 128, 128, 128, 2, 1, Ping)  \
+  X(8, "256x128x128_coop_c2x1", false, 256, 128, 128, 2, 1, Coop)
+
+namespace qb::sm90 {
+
+enum class Decomp { DataParallel, SplitK, StreamK, Heuristic };
+
+struct RunOpts {
+  Decomp decomp = Decomp::DataParallel;
+  int splits = 1;   // SplitK only
+  int swizzle = 1;  // tile rasterization swizzle (1, 2, 4, 8): neighbouring CTAs share A/B tiles in L2
+};
+
+struct ConfigInfo {
+  const char* name;
+  bool swap;
+  int tile_m, tile_n, tile_k;
+  int cluster_m, cluster_n;
+  bool streamk;  // cooperative with the stream-K scheduler: run-time decomposition choice
+};
+
+constexpr int kNumConfigs = 0
+#define QB_COUNT(id, ...) +1
+    QB_SM90_FP8_CONFIGS(QB_COUNT)
+#undef QB_COUNT
+    ;
+
+#define QB_INFO(id, name, swap, tm, tn, tk, cm, cn, sched) {name, swap, tm, tn, tk, cm, cn, #sched[0] == 'C'},
+constexpr ConfigInfo kConfigs[kNumConfigs] = {QB_SM90_FP8_CONFIGS(QB_INFO)};
+#undef QB_INFO
+
+// Defined (explicitly instantiated) in fp8_sm90_inst_*.cu. OutTag: 0 bf16, 1 fp16.
+template <int Id, int OutTag>
+int run_config(const ScaledMmArgs& args, const RunOpts& opts, const Err& err);
+template <int Id, int OutTag>
+size_t config_workspace(const ScaledMmArgs& args, const RunOpts& opts);
+
+}  // namespace qb::sm90

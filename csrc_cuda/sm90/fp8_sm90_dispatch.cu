@@ -1,0 +1,110 @@
+// fp8_sm90_dispatch.cu: picks the SM90 FP8 config and the work decomposition for a problem.
+//
+// Buckets by M (tuned on the H200, see bench/bench_scaled_mm.py --tune): small M swaps operands so
+// the tokens sit on the tile's narrow N side; large M uses 128x128 ping-pong tiles. Cooperative
+// configs may split K across SMs (stream-K / split-K), which needs the caller's workspace; without
+// one they run data-parallel.
+#include "fp8_sm90_configs.h"
+
+namespace qb {
+namespace sm90 {
+namespace {
+
+using RunFn = int (*)(const ScaledMmArgs&, const RunOpts&, const Err&);
+using WsFn = size_t (*)(const ScaledMmArgs&, const RunOpts&);
+
+#define QB_RUN(id, ...) {&run_config<id, 0>, &run_config<id, 1>},
+const RunFn kRun[kNumConfigs][2] = {QB_SM90_FP8_CONFIGS(QB_RUN)};
+#undef QB_RUN
+#define QB_WS(id, ...) {&config_workspace<id, 0>, &config_workspace<id, 1>},
+const WsFn kWs[kNumConfigs][2] = {QB_SM90_FP8_CONFIGS(QB_WS)};
+#undef QB_WS
+
+struct Plan {
+  int config;
+  RunOpts opts;
+};
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Fraction of the last wave's SMs that have work, for `tiles` equal tiles on `sms` SMs.
+double wave_efficiency(int64_t tiles, int sms) {
+  const int64_t waves = cdiv(tiles, sms);
+  return double(tiles) / double(waves * sms);
+}
+
+// Config, decomposition and swizzle by M bucket, from the H200 sweeps (bench_scaled_mm.py --tune):
+//   M <= 128  memory-bound: swapped persistent 64-row ping-pong tiles, as narrow on the token side
+//             as M allows (twice the CTAs of a 128-row tile, so more SMs stream the weight;
+//             stream-K's cross-CTA reduction cost more than it saved at these sizes).
+//   M <= 256  narrow N: swapped 128x64 cooperative tiles, stream-K heuristic.
+//   larger    128x128 ping-pong (cluster 2x1); 128x256 cooperative with a swizzle of 8 for the big
+//             problems (M N K >= 2^39, or M >= 4096 with N, K >= 8192), where L2 reuse between
+//             concurrently running CTAs decides; 128x128 cooperative with stream-K when the tile
+//             count leaves the last wave under 75 % full.
+Plan pick_plan(const ScaledMmArgs& a) {
+  Plan p{};
+  const int sms = a.sm_count > 0 ? a.sm_count : 132;
+  const int64_t tiles128 = cdiv(a.M, 256) * 2 * cdiv(a.N, 128);  // cluster 2x1: M tiles in pairs
+  if (a.M <= 128) {
+    p.config = a.M <= 16 ? 0 : (a.M <= 32 || (a.M <= 64 && a.N >= 16384) ? 1 : 2);
+  } else if (a.M <= 256 && a.N <= 4096) {
+    p.config = 4;
+    p.opts.decomp = Decomp::Heuristic;
+  } else if (double(a.M) * double(a.N) * double(a.K) >= 0x1p39 || (a.M >= 4096 && a.N >= 8192 && a.K >= 8192)) {
+    p.config = 6;
+    p.opts.decomp = Decomp::Heuristic;
+    p.opts.swizzle = 8;
+  } else if (tiles128 > sms && wave_efficiency(tiles128, sms) < 0.75) {
+    p.config = 5;
+    p.opts.decomp = Decomp::Heuristic;
+  } else {
+    p.config = 7;
+  }
+  return p;
+}
+
+Plan make_plan(const ScaledMmArgs& a) {
+  Plan p = pick_plan(a);
+  if (a.config >= 0 && a.config < kNumConfigs && a.config != p.config) {
+    p.config = a.config;  // forced config: its own defaults unless also forced below
+    p.opts = RunOpts{};
+    if (kConfigs[p.config].streamk) p.opts.decomp = Decomp::Heuristic;
+  }
+  if (a.swizzle > 0) p.opts.swizzle = a.swizzle;
+  if (a.decomp >= 0) {
+    p.opts.decomp = static_cast<Decomp>(a.decomp > 3 ? 0 : a.decomp);
+    if (p.opts.decomp == Decomp::SplitK) p.opts.splits = a.splits > 1 ? a.splits : 2;
+  }
+  if (!kConfigs[p.config].streamk) p.opts.decomp = Decomp::DataParallel;
+  return p;
+}
+
+}  // namespace
+}  // namespace sm90
+
+size_t sm90_fp8_workspace(const ScaledMmArgs& a) {
+  const sm90::Plan p = sm90::make_plan(a);
+  return sm90::kWs[p.config][a.out_dtype == QB_F16](a, p.opts);
+}
+
+int sm90_fp8_scaled_mm(const ScaledMmArgs& a, const Err& err) {
+  if (a.config >= sm90::kNumConfigs)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "sm90 fp8: config %d out of range (%d configs)", a.config,
+                   sm90::kNumConfigs);
+  sm90::Plan p = sm90::make_plan(a);
+  const int tag = a.out_dtype == QB_F16;
+  if (p.opts.decomp != sm90::Decomp::DataParallel) {
+    const size_t need = sm90::kWs[p.config][tag](a, p.opts);
+    if (need > 0 && (a.workspace == nullptr || a.workspace_size < need)) p.opts.decomp = sm90::Decomp::DataParallel;
+  }
+  return sm90::kRun[p.config][tag](a, p.opts, err);
+}
+
+int sm90_fp8_config_count() { return sm90::kNumConfigs; }
+
+const char* sm90_fp8_config_name(int config) {
+  return config >= 0 && config < sm90::kNumConfigs ? sm90::kConfigs[config].name : nullptr;
+}
+
+}  // namespace qb

@@ -1,0 +1,9 @@
+// Instantiates the swapped 64-row (small-M) SM90 FP8 configs for bf16 output. One TU per group and
+// output type, so a parallel build spreads the CUTLASS instantiations over cores.
+#include "fp8_sm90_kernel.cuh"
+
+namespace qb::sm90 {
+QB_SM90_INSTANTIATE(0, 0)
+QB_SM90_INSTANTIATE(1, 0)
+QB_SM90_INSTANTIATE(2, 0)
+}  // namespace qb::sm90

@@ -1,0 +1,248 @@
+"""The marlin W8A16 kernels of libqbackend_cuda against a float64 oracle, on a real GPU.
+
+Each forced family (80: compute_80 PTX / sm_80 SASS, 75: compute_75 PTX / sm_75 SASS) is checked
+over the LLM shapes and odd sizes, M in {1, 2, 7, 16, 17, 33, 64, 128, 1000}, fp16 and bf16
+activations, per-channel and per-tensor weight scales, bias on and off, NaN-poisoned outputs.
+
+Oracle: out_ref = a.double() @ (w.double() * scale[:, None]).t() + bias, in float64.
+Tolerance, element-wise: |out - ref| <= 2^-7 |ref| + 1e-4 max|ref| (bf16) and
+2^-9 |ref| + 1e-4 max|ref| (fp16). The first term is the final rounding to the output dtype (half
+an ulp is 2^-9 / 2^-12 relative; twice that leaves room for the fp32 value being off by its own
+rounding); the second covers fp32 accumulation-order differences over K <= 28672 terms, which stay
+below 1e-5 of the largest output for these inputs. Weights are random e4m3fn codes (every code but
+NaN, subnormals and -0 included), so the decoding is exercised everywhere; a separate test checks
+the decoding bit-exactly.
+"""
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location(
+    "qb_marlin_native", os.path.join(_HERE, "..", "..", "providers", "marlin_native.py"))
+mn = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mn)
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+if mn.load() is None:
+    pytest.skip(f"native library unavailable: {mn.load_error()}", allow_module_level=True)
+
+DEV = "cuda"
+LLM_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192),
+              (57344, 8192), (8192, 28672)]
+# odd sizes the rules allow (N % 8 == 0, K % 8 == 0): partial tiles in n and k, single tiles
+ODD_SHAPES = [(8, 8), (72, 4104), (200, 136), (1000, 1000), (4160, 3080)]
+MS = [1, 2, 7, 16, 17, 33, 64, 128, 1000]
+VARIANTS = [80, 75]
+
+
+def _need_variant(v):
+    if not mn.has_variant(v):
+        pytest.skip(f"marlin variant {v} not compiled into the library")
+
+
+def random_e4m3(N, K, gen):
+    """Random e4m3fn codes, all 254 non-NaN codes equally likely."""
+    codes = torch.randint(0, 256, (N, K), dtype=torch.uint8, device=DEV, generator=gen)
+    nan = (codes & 0x7F) == 0x7F
+    codes = torch.where(nan, codes ^ 0x01, codes)  # 0x7F -> 0x7E, 0xFF -> 0xFE
+    return codes.view(torch.float8_e4m3fn)
+
+
+def check(out, ref, dtype, what):
+    assert not torch.isnan(out).any(), f"{what}: NaN in output (unwritten or bad element)"
+    o, r = out.double(), ref
+    rel = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -9
+    tol = rel * r.abs() + 1e-4 * r.abs().max()
+    err = (o - r).abs()
+    bad = err > tol
+    if bad.any():
+        i = bad.nonzero()[0].tolist()
+        raise AssertionError(f"{what}: {int(bad.sum())} elements off, first at {i}: got {o[tuple(i)].item()}, "
+                             f"want {r[tuple(i)].item()} (tol {tol[tuple(i)].item():.3g}); "
+                             f"normwise rel err {(err.norm() / r.norm()).item():.3g}")
+
+
+@pytest.fixture(scope="module")
+def gen():
+    g = torch.Generator(device=DEV)
+    g.seed()
+    return g
+
+
+def run_shape(variant, dtype, N, K, gen, ms=MS):
+    _need_variant(variant)
+    w = random_e4m3(N, K, gen)
+    packed = mn.prepare(w)
+    wd = w.double()
+    # |w| over random codes has a standard deviation near 130: scale outputs to O(1)
+    s_row = (torch.rand(N, device=DEV, generator=gen) + 0.5) / (130.0 * math.sqrt(K))
+    s_ten = s_row[:1].clone()
+    bias = torch.randn(N, device=DEV, generator=gen).to(dtype)
+    for M in ms:
+        a = torch.randn(M, K, device=DEV, generator=gen).to(dtype)
+        base = a.double() @ wd.t()
+        for per_col in (True, False):
+            scale = s_row if per_col else s_ten
+            for use_bias in (False, True):
+                out = torch.full((M, N), float("nan"), device=DEV, dtype=dtype)
+                mn.mm(a, packed, scale, bias if use_bias else None, out, N, K, variant=variant)
+                ref = base * scale.double()[None, :] if per_col else base * scale.double().item()
+                if use_bias:
+                    ref = ref + bias.double()[None, :]
+                check(out, ref, dtype, f"sm{variant} {dtype} N={N} K={K} M={M} per_col={per_col} bias={use_bias}")
+        del base
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", LLM_SHAPES + ODD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_matches_float64_oracle(variant, dtype, shape, gen):
+    if variant == 75 and dtype == torch.bfloat16:
+        _need_variant(75)
+        N, K = shape
+        w = random_e4m3(N, K, gen)
+        a = torch.randn(3, K, device=DEV, dtype=dtype)
+        out = torch.empty(3, N, device=DEV, dtype=dtype)
+        with pytest.raises(RuntimeError, match="sm75.*bf16|bf16.*sm75|does not take bf16"):
+            mn.mm(a, mn.prepare(w), torch.ones(1, device=DEV), None, out, N, K, variant=75)
+        return
+    run_shape(variant, dtype, *shape, gen)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_decoding_is_exact(variant, dtype):
+    """Every non-NaN code decodes to its exact value: out[m, n] = w[n, m] with a = identity rows."""
+    if variant == 75 and dtype == torch.bfloat16:
+        pytest.skip("sm75 refuses bf16 (tested above)")
+    _need_variant(variant)
+    N, K, M = 256, 256, 64
+    n = torch.arange(N, device=DEV)[:, None]
+    k = torch.arange(K, device=DEV)[None, :]
+    codes = ((n + 37 * k) % 256).to(torch.uint8)
+    codes = torch.where((codes & 0x7F) == 0x7F, torch.zeros_like(codes), codes)
+    w = codes.view(torch.float8_e4m3fn)
+    a = torch.zeros(M, K, device=DEV, dtype=dtype)
+    a[torch.arange(M), torch.arange(M) * 3] = 1  # row m selects k = 3m
+    out = torch.full((M, N), float("nan"), device=DEV, dtype=dtype)
+    mn.mm(a, mn.prepare(w), torch.ones(1, device=DEV), None, out, N, K, variant=variant)
+    want = w.float()[:, torch.arange(M, device=DEV) * 3].t().to(dtype)
+    # value equality (the fp32 sum turns a -0 weight times 1 plus +0 terms into +0)
+    assert torch.equal(out.float(), want.float()), "decoding is not exact"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_strided_inputs_and_outputs(variant, gen):
+    """Row strides larger than the row (padded / sliced tensors) read and write the right elements."""
+    _need_variant(variant)
+    dtype = torch.float16
+    N, K, M = 392, 520, 37
+    w = random_e4m3(N, K, gen)
+    packed = mn.prepare(w)
+    big_a = torch.randn(M, K + 24, device=DEV, generator=gen).to(dtype)
+    a = big_a[:, 8:8 + K]  # 16-byte aligned start, lda = K + 24
+    big_o = torch.full((M, N + 40), float("nan"), device=DEV, dtype=dtype)
+    out = big_o[:, :N]
+    scale = (torch.rand(N, device=DEV, generator=gen) + 0.5) / (130.0 * math.sqrt(K))
+    mn.mm(a, packed, scale, None, out, N, K, variant=variant)
+    ref = (a.double() @ w.double().t()) * scale.double()
+    check(out, ref, dtype, "strided")
+    assert torch.isnan(big_o[:, N:]).all(), "wrote outside out's columns"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cuda_graph_replay_and_workspace_reset(variant, gen):
+    _need_variant(variant)
+    dtype = torch.float16
+    N, K, M = 4096, 4096, 5  # split-K: 1024 tiles over ~132 blocks
+    w = random_e4m3(N, K, gen)
+    packed = mn.prepare(w)
+    scale = torch.full((1,), 1.0 / (130.0 * 64), device=DEV)
+    a = torch.randn(M, K, device=DEV, generator=gen).to(dtype)
+    out = torch.empty(M, N, device=DEV, dtype=dtype)
+    ws = mn.new_workspace(N, K, DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        mn.mm(a, packed, scale, None, out, N, K, variant=variant, workspace=ws)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            mn.mm(a, packed, scale, None, out, N, K, variant=variant, workspace=ws)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        a.copy_(torch.randn(M, K, device=DEV, generator=gen).to(dtype))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check(out, (a.double() @ w.double().t()) * scale.double(), dtype, "graph replay")
+    nt = (N + 127) // 128
+    counters = ws[ws.numel() - ((4 * nt + 255) // 256) * 256:][: 4 * nt].view(torch.int32)
+    assert int(counters.abs().sum()) == 0, "tile counters not reset"
+
+
+def test_m_zero_is_a_no_op():
+    _need_variant(0)
+    N, K = 64, 64
+    packed = mn.prepare(torch.zeros(N, K, device=DEV).to(torch.float8_e4m3fn))
+    out = torch.empty(0, N, device=DEV, dtype=torch.float16)
+    mn.mm(torch.empty(0, K, device=DEV, dtype=torch.float16), packed, torch.ones(1, device=DEV), None, out, N, K)
+
+
+def test_prepare_refuses_nan():
+    _need_variant(0)
+    w = torch.zeros(64, 64, device=DEV).to(torch.float8_e4m3fn)
+    w.view(torch.uint8)[5, 7] = 0xFF
+    with pytest.raises(ValueError, match="NaN"):
+        mn.prepare(w)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bad_inputs_give_clear_errors(variant):
+    _need_variant(variant)
+    dt = torch.float16
+    N, K, M = 256, 256, 4
+    packed = mn.prepare(torch.zeros(N, K, device=DEV).to(torch.float8_e4m3fn))
+    one = torch.ones(1, device=DEV)
+    a = torch.randn(M, K, device=DEV, dtype=dt)
+    out = torch.empty(M, N, device=DEV, dtype=dt)
+
+    def err(match, **kw):
+        args = dict(a=a, packed=packed, w_scale=one, bias=None, out=out, N=N, K=K, variant=variant)
+        args.update(kw)
+        with pytest.raises((RuntimeError, ValueError), match=match):
+            mn.mm(**args)
+
+    # rules the C library checks (Python passes these through)
+    big = torch.randn(M, K + 8, device=DEV, dtype=dt)
+    err("a must be 16-byte aligned", a=big[:, 4:4 + K])
+    err("lda must be a multiple of 8", a=torch.randn(M, K + 4, device=DEV, dtype=dt)[:, :K])
+    bigo = torch.empty(M, N + 8, device=DEV, dtype=dt)
+    err("out must be 16-byte aligned", out=bigo[:, 4:4 + N])
+    err("ldo must be a multiple of 8", out=torch.empty(M, N + 4, device=DEV, dtype=dt)[:, :N])
+    err("packed_w holds", packed=packed[: packed.numel() // 2])
+    err("variant must be", variant=89)
+    err("workspace holds", workspace=torch.zeros(64, dtype=torch.uint8, device=DEV))
+    p12 = mn.prepare(torch.zeros(12, 16, device=DEV).to(torch.float8_e4m3fn))
+    err("N must be a multiple of 8", packed=p12, N=12, K=16, a=torch.randn(M, 16, device=DEV, dtype=dt),
+        out=torch.empty(M, 12, device=DEV, dtype=dt))
+    p20 = mn.prepare(torch.zeros(16, 20, device=DEV).to(torch.float8_e4m3fn))
+    err("K must be a multiple of 8", packed=p20, N=16, K=20, a=torch.randn(M, 24, device=DEV, dtype=dt)[:, :20],
+        out=torch.empty(M, 16, device=DEV, dtype=dt))
+    # rules the Python wrapper checks first
+    err("float16 or bfloat16", a=a.float())
+    err("must be \\[M, K", a=a[:, :128])
+    err("out must have a's dtype", out=out.bfloat16())
+    err("w_scale must hold 1 or N", w_scale=torch.ones(3, device=DEV))
+    err("w_scale must be float32", w_scale=one.half())
+    err("bias must have a's dtype", bias=torch.zeros(N, device=DEV))
+    err("bias must be a contiguous", bias=torch.zeros(N + 1, device=DEV, dtype=dt))
+    err("must be on a CUDA device", a=a.cpu())
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        mn.prepare(torch.zeros(N, K, device=DEV))

@@ -1,0 +1,172 @@
+"""The native providers through the public API on a CUDA GPU, against the reference provider.
+
+Outputs are poisoned (NaN) by the caching allocator's reuse of a NaN-filled block before each
+call, results are checked NaN-free, and tolerances are relative to the output's magnitude.
+"""
+import os
+
+import pytest
+import torch
+
+import qbackend
+from qbackend import registry
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+F8 = torch.float8_e4m3fn
+SM = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+
+
+def poison(shape_bytes=64 << 20):
+    """Fill a large block with NaN and free it: the next allocations reuse poisoned memory."""
+    torch.empty(shape_bytes // 2, dtype=torch.bfloat16, device=DEV).fill_(float("nan"))
+
+
+def with_provider(monkeypatch, name, **env):
+    monkeypatch.setenv("QBACKEND_PROVIDER", name)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    registry.reload()
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert not torch.isnan(out).any(), "NaN in output"
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def reference(fn, *args, **kw):
+    """Call fn with the reference provider forced, then restore the caller's selection."""
+    saved = os.environ.get("QBACKEND_PROVIDER")
+    os.environ["QBACKEND_PROVIDER"] = "reference"
+    registry.reload()
+    try:
+        return fn(*args, **kw)
+    finally:
+        if saved is None:
+            del os.environ["QBACKEND_PROVIDER"]
+        else:
+            os.environ["QBACKEND_PROVIDER"] = saved
+        registry.reload()
+
+
+CUTLASS_VARIANTS = [v for v in ("90", "89") if (v == "90" and SM == (9, 0)) or (v == "89" and SM >= (8, 9))]
+
+
+@pytest.mark.skipif(SM < (8, 9), reason="fp8 tensor cores need sm_89+")
+@pytest.mark.parametrize("variant", CUTLASS_VARIANTS)
+@pytest.mark.parametrize("M", [1, 2, 3, 15, 16, 17, 63, 64, 127, 128, 255, 1000, 4096])
+def test_cutlass_fp8_through_api(monkeypatch, variant, M):
+    with_provider(monkeypatch, "cutlass", QBACKEND_CUTLASS_VARIANT=variant)
+    g = torch.Generator(device=DEV).manual_seed(torch.seed() % 2**31)
+    for (N, K) in [(4096, 4096), (256, 28672), (512, 14336)]:
+        wide = torch.randn(M, K + 64, device=DEV, generator=g)
+        x = wide[:, 32:32 + K]                               # a row-strided (sliced) activation
+        w = torch.randn(N, K, device=DEV, generator=g)
+        qw, sw = qbackend.quantize(w, F8, "channel")
+        for act_gran, w_scale in (("token", sw.t()), ("tensor", sw.max())):
+            qx, sx = qbackend.quantize(x, F8, act_gran)
+            for out_dtype in (torch.bfloat16, torch.float16):
+                bias = torch.randn(N, device=DEV, generator=g).to(out_dtype)
+                for b in (bias, None):
+                    poison()
+                    out = qbackend.scaled_mm(qx, qw.t(), sx, w_scale, out_dtype=out_dtype, bias=b)
+                    ref = reference(qbackend.scaled_mm, qx, qw.t(), sx, w_scale, out_dtype=torch.float32,
+                                    bias=None if b is None else b.float())
+                    # Hopper's fp8 tensor cores accumulate with reduced precision (fast
+                    # accumulation, as cuBLASLt's use_fast_accum): measured up to 3e-3 of
+                    # max|out| at K=4096 and 1.1e-2 to 1.3e-2 at K=14336 and 28672.
+                    tol = 1e-2 if K <= 8192 else 2e-2
+                    assert rel_err(out, ref) < tol, (N, K, act_gran, out_dtype, b is None)
+
+
+@pytest.mark.parametrize("dtype", [F8, torch.float8_e5m2, torch.int8])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cuda_quantize_bit_exact(monkeypatch, dtype, x_dtype):
+    with_provider(monkeypatch, "cutlass")
+    x_full = (torch.randn(1031, 4096 + 48, device=DEV) * 3).to(x_dtype)
+    x = x_full[:, 16:16 + 4096]                             # arbitrary row stride
+    x[5].zero_()
+    ub = torch.tensor([2.0], device=DEV)
+    cases = [dict(granularity="token"), dict(granularity="tensor"),
+             dict(granularity="token", scale_ub=ub), dict(scale=torch.tensor(0.01, device=DEV))]
+    for kw in cases:
+        poison()
+        q, s = qbackend.quantize(x, dtype, **kw)
+        rq, rs = reference(qbackend.quantize, x, dtype, **kw)
+        assert torch.equal(s, rs), kw
+        assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), kw
+        problem = qbackend.Problem(qbackend.Op.QUANTIZE, x_dtype, dtype,
+                                   scale_a=qbackend.Granularity(kw.get("granularity", "tensor")),
+                                   static="scale" in kw, has_scale_ub="scale_ub" in kw)
+        assert qbackend.select(problem, torch.device(DEV)).name == "cutlass"
+
+
+@pytest.mark.skipif(SM < (8, 9), reason="fp8 tensor cores need sm_89+")
+def test_cuda_graph_quantize_and_scaled_mm():
+    N, K = 2048, 4096
+    w = torch.randn(N, K, device=DEV)
+    qw, sw = qbackend.quantize(w, F8, "channel")
+    pw = qbackend.prepare_weight(qw, sw, F8)
+    assert pw.provider == "cutlass"
+    static_x = torch.randn(16, K, device=DEV)
+
+    def step():
+        qx, sx = qbackend.quantize(static_x, F8, "token")
+        return qbackend.linear(qx, pw, sx)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(3):
+        static_x.copy_(torch.randn(16, K, device=DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        expect = step()
+        assert torch.equal(out, expect)
+        ref = static_x @ w.t()
+        assert rel_err(out, ref) < 0.1
+
+
+@pytest.mark.skipif(SM < (8, 9), reason="fp8 tensor cores need sm_89+")
+def test_compile_fullgraph_on_gpu():
+    w = torch.randn(1024, 2048, device=DEV)
+    qw, sw = qbackend.quantize(w, F8, "channel")
+
+    def f(x):
+        qx, sx = qbackend.quantize(x, F8, "token")
+        return qbackend.scaled_mm(qx, qw.t(), sx, sw.t()).float().relu()
+
+    x = torch.randn(33, 2048, device=DEV)
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), f(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("variant", ["80", "75"])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2, 7, 16, 17, 33, 64, 128, 1000])
+def test_marlin_forced_through_prepare_and_linear(monkeypatch, variant, act, M):
+    if variant == "75" and act == torch.bfloat16:
+        with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
+        w = torch.randn(256, 512, device=DEV)
+        qw, sw = qbackend.quantize(w, F8, "channel")
+        pw = qbackend.prepare_weight(qw, sw, act)
+        assert pw.provider == "reference"  # refused with a reason, served by the reference
+        return
+    with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
+    for (N, K) in [(4096, 4096), (1024, 14336), (264, 2064)]:
+        w = torch.randn(N, K, device=DEV)
+        qw, sw = qbackend.quantize(w, F8, "channel")
+        for w_scale in (sw, sw.max()):
+            pw = qbackend.prepare_weight(qw, w_scale, act, bias=True)
+            assert pw.provider == "marlin"
+            x = torch.randn(M, K, device=DEV).to(act)
+            bias = torch.randn(N, device=DEV).to(act)
+            for b in (bias, None):
+                poison()
+                out = qbackend.linear(x, pw, None, b)
+                ref = reference(qbackend.scaled_mm, x, qw.t(), None, pw.scale, out_dtype=torch.float32,
+                                bias=None if b is None else b.float())
+                tol = 1e-2 if act == torch.bfloat16 else 2e-3
+                assert out.dtype == act and rel_err(out, ref) < tol, (N, K, b is None)
