@@ -45,9 +45,10 @@ class MarlinProvider(Provider):
                      why_arch="no fp8 tensor cores: W8A16"),
             ))
         text = os.environ.get(VARIANT_ENV, "").strip()
-        self.variant = int(text) if text in ("75", "80") else 0
-        if text and not self.variant:
-            raise ValueError(f"{VARIANT_ENV}={text!r}: expected 80 or 75")
+        digits = "".join(ch for ch in text if ch.isdigit())
+        self.variant = int(digits) if digits in ("75", "80") else 0
+        if text and text.lower() != "auto" and not self.variant:
+            raise ValueError(f"{VARIANT_ENV}={text!r}: expected 80 or 75 (or sm80 / sm75)")
         self._warned = False
 
     def _family(self, device) -> int:

@@ -95,7 +95,8 @@ PROBLEM_KINDS = ("fp8_w8a8_per_tensor", "fp8_w8a8_per_token_channel", "fp8_w8a16
                  "fp8_block")
 
 
-def representative(kind: str, fp8: torch.dtype = qd.E4M3) -> Problem:
+def representative(kind: str, fp8: torch.dtype = qd.E4M3, act: torch.dtype = torch.bfloat16) -> Problem:
+    """The problem a kind stands for; `act` is the half-precision activation dtype of W8A16."""
     G = Granularity
     mm = Op.SCALED_MM
     if kind == "fp8_w8a8_per_tensor":
@@ -103,7 +104,7 @@ def representative(kind: str, fp8: torch.dtype = qd.E4M3) -> Problem:
     if kind == "fp8_w8a8_per_token_channel":
         return Problem(mm, fp8, fp8, torch.bfloat16, G.TOKEN, G.CHANNEL)
     if kind == "fp8_w8a16":
-        return Problem(mm, torch.bfloat16, fp8, torch.bfloat16, G.NONE, G.CHANNEL)
+        return Problem(mm, act, fp8, act, G.NONE, G.CHANNEL)
     if kind == "int8_w8a8":
         return Problem(mm, torch.int8, torch.int8, torch.bfloat16, G.TOKEN, G.CHANNEL)
     if kind == "fp8_block":

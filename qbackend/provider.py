@@ -98,7 +98,8 @@ class Provider:
         for rule in self.rules:
             depth, reason, forceable = rule.mismatch(device, problem)
             if reason is None:
-                return self.runtime_verdict(device, problem) or Verdict(True, "ok")
+                runtime = self.runtime_verdict(device, problem)
+                return runtime if runtime is not None else Verdict(True, "ok")
             if depth > best[0]:
                 best = (depth, reason, forceable)
         _, reason, forceable = best

@@ -1,6 +1,9 @@
 """Selection queries for people and tools: which provider would serve what, and why."""
 from __future__ import annotations
 
+import torch
+
+from . import dtypes as qd
 from . import probe, registry
 from .problem import PROBLEM_KINDS, Problem, representative
 
@@ -8,8 +11,10 @@ from .problem import PROBLEM_KINDS, Problem, representative
 def _problem(device, kind_or_problem) -> Problem:
     if isinstance(kind_or_problem, Problem):
         return kind_or_problem
-    fp8 = device.fp8_dtypes[0] if device.fp8_dtypes else None
-    return representative(kind_or_problem, fp8) if fp8 else representative(kind_or_problem)
+    fp8 = device.fp8_dtypes[0] if device.fp8_dtypes else qd.E4M3
+    # Turing (sm_75) has no bf16 tensor cores: models there run in fp16.
+    act = torch.float16 if device.sm is not None and device.sm < 80 else torch.bfloat16
+    return representative(kind_or_problem, fp8, act)
 
 
 def _device(device):

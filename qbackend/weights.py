@@ -45,8 +45,8 @@ def weight_scale_to_b(w_scale: torch.Tensor, N: int, K: int) -> torch.Tensor:  #
     """A weight's own scale ([] / [1], [N, 1], [ceil(N/bn), ceil(K/bk)]) in scale_b form."""
     if w_scale.numel() == 1:
         return w_scale.reshape(())
-    if tuple(w_scale.shape) == (N, 1) or tuple(w_scale.shape) == (N,):
-        return w_scale.reshape(1, N)
+    if tuple(w_scale.shape) in ((N, 1), (N,)) or (tuple(w_scale.shape) == (1, N) and -(-K // 128) != N):
+        return w_scale.reshape(1, N)  # per-channel, given as the weight's [N, 1] or already as [1, N]
     if w_scale.dim() == 2:
         return w_scale.t().contiguous()
     _fail("prepare_weight", "w_scale", f"shape must be [], [{N}, 1] or [N blocks, K blocks]",
@@ -101,9 +101,10 @@ def linear_impl(a, pw_data, pw_scale, pw_aux, scale_a, bias, provider_name, layo
         return a.new_empty(lead + (N,), dtype=problem.out_dtype)
     reg = registry.get()
     provider = reg.providers.get(provider_name)
-    if provider is None:
+    if provider is None or provider_name in reg.disabled:
+        state = "disabled by QBACKEND_DISABLE" if provider is not None else "not loaded"
         raise registry.NoProviderError(f"qbackend.linear: the weight was prepared for provider "
-                                       f"{provider_name!r}, which is not loaded")
+                                       f"{provider_name!r}, which is {state}: prepare it again")
     device = probe.device_info(a.device)
     key = (device.key, problem, provider_name, id(reg))
     verdict = _verdicts.get(key)

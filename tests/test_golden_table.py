@@ -68,3 +68,28 @@ def test_marlin_can_be_forced_on_sm90(monkeypatch):
     assert decision.name == "marlin" and decision.how == "forced"
     # marlin cannot run W8A8 at all, so forcing it leaves W8A8 problems to normal selection.
     assert qbackend.select("fp8_w8a8_per_tensor", probe.simulated("sm_90")).name == "cutlass"
+
+
+def test_runtime_refusals_are_kept():
+    """A provider's run-time refusal (library missing, a path it declines) must reach the verdict."""
+    import torch
+
+    import qbackend
+    from qbackend import probe
+    from qbackend.problem import Granularity as G
+    from qbackend.problem import Op, Problem, Verdict
+    from qbackend.provider import Provider, Rule, granularities
+
+    class Declines(Provider):
+        def runtime_verdict(self, device, problem):
+            return Verdict(False, "library not built")
+
+    rule = Rule(Op.SCALED_MM, frozenset({"cpu"}), frozenset({(torch.int8, torch.int8)}),
+                granularities("tensor"), granularities("tensor"), frozenset({torch.bfloat16}))
+    verdict = Declines(name="declines", rules=(rule,)).supports(
+        probe.cpu_info(), Problem(Op.SCALED_MM, torch.int8, torch.int8, torch.bfloat16, G.TENSOR, G.TENSOR))
+    assert not verdict.ok and verdict.reason == "library not built"
+    bf16_on_t4 = Problem(Op.SCALED_MM, torch.bfloat16, torch.float8_e4m3fn, torch.bfloat16, G.NONE, G.CHANNEL)
+    decision = qbackend.select(bf16_on_t4, probe.simulated("sm_75"))
+    assert decision.name == "reference"
+    assert "float16 activations only" in dict(decision.verdicts)["marlin"].reason
