@@ -1,4 +1,5 @@
-"""Marlin W8A16 (FP8 e4m3 weights x bf16 activations) vs bf16 torch.mm, small M, under CUDA graphs.
+"""Marlin W8A16 (FP8 e4m3 weights x bf16 activations) vs bf16 torch.mm and the W8A8 cutlass path
+(dynamic per-token activation quantization + FP8 GEMM), small M, under CUDA graphs.
 
     python bench/bench_marlin.py --out DIR [--variant 80] [--tune]
 
@@ -27,6 +28,9 @@ _spec = importlib.util.spec_from_file_location(
     "qb_marlin_native", os.path.join(_HERE, "..", "providers", "marlin_native.py"))
 mn = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mn)
+_spec = importlib.util.spec_from_file_location("qb_native", os.path.join(_HERE, "..", "providers", "native.py"))
+nat = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(nat)
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192),
           (57344, 8192), (8192, 28672)]
@@ -84,7 +88,8 @@ def main():
     rows, tuning = [], []
     for (N, K) in shapes:
         n = max(2, min(R, (512 * 2**20) // (N * K)))
-        packed = [mn.prepare(random_e4m3(N, K)) for _ in range(n)]
+        w8 = [random_e4m3(N, K) for _ in range(n)]
+        packed = [mn.prepare(w) for w in w8]
         wb = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in range(n)]
         scale = (torch.rand(N, device=dev) + 0.5) / (130.0 * math.sqrt(K))
         ws = mn.new_workspace(N, K, dev)
@@ -102,6 +107,21 @@ def main():
             t_b = graph_time([lambda w=w: torch.mm(a, w.t()) for w in wb])
             rows.append({"M": M, "N": N, "K": K, "impl": "qbackend.marlin", "us": t_m})
             rows.append({"M": M, "N": N, "K": K, "impl": "torch.mm.bf16", "us": t_b})
+            if nat.load() is not None and nat.has_variant("scaled_mm_fp8", 0):
+                # W8A8 on the same fp8 weights: quantize the bf16 activations per token, then the
+                # cutlass GEMM with per-channel weight scales, both inside the graph.
+                qa = torch.empty(M, K, device=dev, dtype=torch.float8_e4m3fn)
+                sa = torch.empty(M, 1, device=dev, dtype=torch.float32)
+                out_c = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+                sb = scale.reshape(1, N)
+
+                def cutlass_call(w):
+                    nat.quantize(a, qa, sa, nat.DYNAMIC_TOKEN)
+                    nat.scaled_mm(qa, w.t(), sa, sb, None, out_c)
+
+                t_c = graph_time([lambda w=w: cutlass_call(w) for w in w8])
+                rows.append({"M": M, "N": N, "K": K, "impl": "qbackend.cutlass", "us": t_c})
+                print(f"    cutlass W8A8 incl. activation quantization {t_c:8.2f}us", flush=True)
             print(f"M={M:4d} N={N:5d} K={K:5d} | marlin {t_m:8.2f}us ({N * K / t_m / 1e6:4.2f} TB/s) | "
                   f"bf16 mm {t_b:8.2f}us ({2 * N * K / t_b / 1e6:4.2f} TB/s) | speed-up {t_b / t_m:5.2f}x", flush=True)
             if args.tune and (N, K) in ((28672, 4096), (57344, 8192), (4096, 4096)) and M in (1, 16):
@@ -113,7 +133,7 @@ def main():
                         tuning.append({"M": M, "N": N, "K": K, "blocks_per_sm": bps, "stages": st, "us": t})
                         print(f"    tune blocks/SM={bps} stages={st:2d}: {t:8.2f}us ({N * K / t / 1e6:4.2f} TB/s)",
                               flush=True)
-        del packed, wb
+        del packed, wb, w8
         torch.cuda.empty_cache()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "variant": args.variant,
            "method": "CUDA-graph replay, weights rotated over >= 512 MB (fp8) / 1 GB (bf16), median of 7x20 "

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|tune|qbench|bench|memcheck]...   (default: all of them, in that order)
+#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|qbench|bench|mbench|e2e|memcheck]...
+#   (default: tests tune qbench bench memcheck). "providers" runs the public-API GPU tests (needs
+#   qbackend installed: pip install --no-deps --no-build-isolation -e . with QBACKEND_BUILD_CUDA=0).
 # Expects the library built on the CPU machine at build/cuda/libqbackend_cuda.so (carried), or
 # $QBACKEND_CUDA_LIB. Each step has its own time limit and a failing step does not stop the rest.
 set -u
@@ -19,6 +21,16 @@ for step in $steps; do
     tests)
       timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_native_quantize.py 2>&1 | tail -15
       timeout 260 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/gpu/test_native_scaled_mm.py 2>&1 | tail -40 ;;
+    providers)
+      timeout 400 python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/gpu/test_core_gpu.py tests/gpu/test_providers_gpu.py 2>&1 | tail -30 ;;
+    marlin)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest tests/gpu/test_native_marlin.py 2>&1 | tail -15 ;;
+    mbench)
+      timeout 400 python3 bench/bench_marlin.py --out "$OUT" 2>&1 | tail -80 ;;
+    minilm)  # needs the model folder from tools/export_minilm.py, e.g. carried as .carry/minilm16
+      QBACKEND_MINILM_DIR=${QBACKEND_MINILM_DIR:-.carry/minilm16} timeout 300 python3 -m pytest -q -p no:cacheprovider -s -k cuda tests/test_minilm_accuracy.py 2>&1 | grep -E "cosine|passed|failed|Error" ;;
+    e2e)
+      timeout 500 python3 bench/bench_e2e.py --out "$OUT/e2e_h200.json" 2>&1 | tail -40 ;;
     tune)
       timeout 220 python3 bench/bench_scaled_mm.py --tune --ms ${TUNE_MS:-1,16,32,64,128,256,1024,4096,8192} --shapes ${TUNE_SHAPES:-4096:4096,6144:4096,28672:4096,4096:14336,8192:8192,57344:8192} --out "$OUT/tune.json" 2>&1 | grep -v "^  " ;;
     qbench)
