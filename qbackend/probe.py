@@ -142,9 +142,24 @@ def _probe_nvml(index: int) -> DeviceInfo:
     driver = driver.decode() if isinstance(driver, bytes) else driver
     cuda = pynvml.nvmlSystemGetCudaDriverVersion()
     arch = f"sm_{major}{minor}"
-    return DeviceInfo("cuda", index, name, arch, native_fp8(arch), sms, int(memory),
+    info = DeviceInfo("cuda", index, name, arch, native_fp8(arch), sms, int(memory),
                       f"{driver} (CUDA {cuda // 1000}.{cuda % 1000 // 10})",
                       torch.version.cuda, "nvml")
+    return replace(info, notes=_order_notes(pynvml))
+
+
+def _order_notes(pynvml) -> tuple:
+    """NVML numbers GPUs in PCI order; CUDA does too only under CUDA_DEVICE_ORDER=PCI_BUS_ID.
+    With different GPU models in one host the two numberings can name different chips."""
+    if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+        return ()
+    count = pynvml.nvmlDeviceGetCount()
+    models = {pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i))
+              for i in range(count)}
+    if len(models) > 1:
+        return ("GPUs of different compute capabilities: set CUDA_DEVICE_ORDER=PCI_BUS_ID so that "
+                "CUDA's device numbers match NVML's",)
+    return ()
 
 
 def _probe_cuda_python(index: int) -> DeviceInfo:
@@ -235,7 +250,7 @@ def probe_gpu(index: int = 0) -> DeviceInfo | None:
         except Exception as exc:  # a missing library or driver is an answer, not an error
             notes.append(f"{name}: {type(exc).__name__}: {exc}".strip())
             continue
-        return replace(info, notes=tuple(notes))
+        return replace(info, notes=tuple(notes) + tuple(info.notes))
     _last_notes = tuple(notes)
     return None
 

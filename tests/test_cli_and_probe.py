@@ -118,3 +118,57 @@ def test_fnuz_reencoding_is_exact():
     assert torch.equal(fn_vals[finite], fz_vals[finite])  # -0 -> +0 compares equal
     assert qz.view(torch.uint8)[0x80].item() == 0 and torch.isnan(qz.float()[0x7F])
     assert not torch.isnan(qz.float()[finite]).any()
+
+
+class FakeNvml:
+    """Stands in for pynvml: two GPUs, an H100 (sm_90) and an L40S (sm_89)."""
+    GPUS = [("NVIDIA H100 80GB HBM3", (9, 0), 16896, 80 * 2**30), ("NVIDIA L40S", (8, 9), 18176, 48 * 2**30)]
+
+    class Memory:
+        def __init__(self, total):
+            self.total = total
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.GPUS)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return self.GPUS[h][0]
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return self.GPUS[h][1]
+
+    def nvmlDeviceGetNumGpuCores(self, h):
+        return self.GPUS[h][2]
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self.Memory(self.GPUS[h][3])
+
+    def nvmlSystemGetDriverVersion(self):
+        return "580.1"
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return 13000
+
+
+def test_nvml_probe_reads_each_gpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    h100 = probe._probe_nvml(0)
+    l40s = probe._probe_nvml(1)
+    assert (h100.arch, h100.multiprocessors, h100.probe) == ("sm_90", 132, "nvml")
+    assert (l40s.arch, l40s.multiprocessors) == ("sm_89", 142)
+    assert torch.float8_e4m3fn in l40s.fp8_dtypes and "CUDA 13.0" in h100.driver_version
+    assert any("CUDA_DEVICE_ORDER=PCI_BUS_ID" in n for n in h100.notes)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert probe._probe_nvml(0).notes == ()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert probe._probe_nvml(0).arch == "sm_89"  # CUDA device 0 is physical GPU 1
+    with pytest.raises(LookupError, match="not visible"):
+        probe._probe_nvml(1)
