@@ -8,14 +8,13 @@ and DIR/marlin_h200.png (speed-up over bf16 torch.mm and marlin's weight-streami
 
 Method (as shared/anchors/anchor_graphs.py): for each (N, K), several weight copies totalling well
 over the 60 MB L2 (>= 512 MB of fp8, >= 1 GB of bf16, at least 2 copies) so every call streams its
-weights from HBM; one CUDA graph holds one call per copy; the graph is replayed 20 times per trial,
-7 trials, and the median trial gives microseconds per call. marlin runs with per-channel scales and
-no bias (what an FP8 checkpoint has), with a workspace allocated up front as an engine would.
+weights from HBM; one CUDA graph holds one call per copy; bench_scaled_mm.graph_time replays it for
+about 20 ms per trial, 5 trials, and the median trial gives microseconds per call. marlin runs with
+per-channel scales and no bias (what an FP8 checkpoint has), with a workspace allocated up front as an engine would.
 --tune also times the sm80 kernel's pipeline depth (stages) and resident blocks per multiprocessor at
 M = 1 and 16 on three shapes.
 """
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -23,47 +22,17 @@ import sys
 
 import torch
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location(
-    "qb_marlin_native", os.path.join(_HERE, "..", "providers", "marlin_native.py"))
-mn = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mn)
-_spec = importlib.util.spec_from_file_location("qb_native", os.path.join(_HERE, "..", "providers", "native.py"))
-nat = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(nat)
+from qbackend_providers import marlin_native as mn
+from qbackend_providers import native as nat
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_scaled_mm import graph_time  # noqa: E402  (one timing method for every benchmark)
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192),
           (57344, 8192), (8192, 28672)]
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 R = 16
 dev = "cuda"
-
-
-def graph_time(fn_list, reps=20, trials=7):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fn_list:
-            f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for f in fn_list:
-            f()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(trials):
-        st.record()
-        for _ in range(reps):
-            g.replay()
-        en.record()
-        torch.cuda.synchronize()
-        ts.append(st.elapsed_time(en) / reps / len(fn_list) * 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def random_e4m3(N, K):
@@ -97,8 +66,8 @@ def main():
         a1 = torch.randn(1, K, device=dev, dtype=torch.bfloat16)
         o1 = torch.empty(1, N, device=dev, dtype=torch.bfloat16)
         graph_time([lambda p=p: mn.mm(a1, p, scale, None, o1, N, K, variant=args.variant, workspace=ws)
-                    for p in packed], reps=5, trials=1)
-        graph_time([lambda w=w: torch.mm(a1, w.t()) for w in wb], reps=5, trials=1)
+                    for p in packed], target_ms=1.0)
+        graph_time([lambda w=w: torch.mm(a1, w.t()) for w in wb], target_ms=1.0)
         for M in ms:
             a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
             out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
@@ -136,8 +105,8 @@ def main():
         del packed, wb, w8
         torch.cuda.empty_cache()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "variant": args.variant,
-           "method": "CUDA-graph replay, weights rotated over >= 512 MB (fp8) / 1 GB (bf16), median of 7x20 "
-                     "replays; marlin: bf16 activations, per-channel fp32 scales, no bias",
+           "method": "CUDA-graph replay, weights rotated over >= 512 MB (fp8) / 1 GB (bf16), median of 5 trials "
+                     "of ~20 ms of replays; marlin: bf16 activations, per-channel fp32 scales, no bias",
            "rows": rows}
     if tuning:
         res["tuning"] = tuning

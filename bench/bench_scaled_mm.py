@@ -19,7 +19,6 @@ qbackend.cutlass over the faster torch._scaled_mm mode, per shape, against M) is
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -28,11 +27,9 @@ import sys
 
 import torch
 
+from qbackend_providers import native
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location(
-    "qb_native", os.path.join(_HERE, "..", "providers", "native.py"))
-native = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(native)
 
 F8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16

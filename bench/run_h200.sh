@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
 #   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|qbench|bench|mbench|e2e|memcheck]...
-#   (default: tests tune qbench bench memcheck). "providers" runs the public-API GPU tests (needs
-#   qbackend installed: pip install --no-deps --no-build-isolation -e . with QBACKEND_BUILD_CUDA=0).
-# Expects the library built on the CPU machine at build/cuda/libqbackend_cuda.so (carried), or
-# $QBACKEND_CUDA_LIB. Each step has its own time limit and a failing step does not stop the rest.
+#   (default: tests tune qbench bench memcheck).
+# Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
+# pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere at
+# build/cuda/libqbackend_cuda.so, or $QBACKEND_CUDA_LIB. Each step has its own time limit and a
+# failing step does not stop the rest.
 set -u
 OUT=${RESULTS_DIR:-/tmp/qb_out}
 mkdir -p "$OUT"
@@ -13,8 +14,9 @@ export PYTHONUNBUFFERED=1
 steps=${*:-tests tune qbench bench memcheck}
 LOG="$OUT/log.txt"   # one log for every textual step
 exec > >(tee -a "$LOG") 2>&1
+QBACKEND_BUILD_CUDA=0 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . ./tests/demo_provider
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
-python3 -c "import importlib.util as u; s=u.spec_from_file_location('n','providers/native.py'); n=u.module_from_spec(s); s.loader.exec_module(n); print(n.load_error() or n.build_info())"
+python3 -c "from qbackend_providers import native as n; print(n.load_error() or n.build_info())"
 for step in $steps; do
   t0=$(date +%s)
   case $step in
@@ -24,7 +26,7 @@ for step in $steps; do
     providers)
       timeout 400 python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/gpu/test_core_gpu.py tests/gpu/test_providers_gpu.py 2>&1 | tail -30 ;;
     marlin)
-      timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest tests/gpu/test_native_marlin.py 2>&1 | tail -15 ;;
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_marlin.py 2>&1 | tail -15 ;;
     mbench)
       timeout 400 python3 bench/bench_marlin.py --out "$OUT" 2>&1 | tail -80 ;;
     minilm)  # needs the model folder from tools/export_minilm.py, e.g. carried as .carry/minilm16

@@ -1,7 +1,7 @@
 """ctypes binding of the marlin (W8A16) entry points of libqbackend_cuda.
 
-Self-contained (ctypes + torch). The library is found at $QBACKEND_CUDA_LIB, else at
-providers/_lib/libqbackend_cuda.so next to this module.
+The library, its loading and its error reporting are those of `native` (the same
+libqbackend_cuda); this module binds the marlin entry points on that handle.
 
     packed = prepare(w_e4m3)                        # load time: [N, K] float8_e4m3fn -> packed uint8
     mm(a, packed, w_scale, bias, out, N, K)         # out = w_scale * (a @ w.T) + bias, in a's dtype
@@ -17,10 +17,11 @@ is recorded in the graph.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 
 import torch
+
+from . import native
 
 __all__ = ["VARIANT_AUTO", "VARIANT_SM80", "VARIANT_SM75", "load", "load_error", "has_variant",
            "packed_bytes", "workspace_bytes", "prepare", "mm", "new_workspace"]
@@ -28,23 +29,13 @@ __all__ = ["VARIANT_AUTO", "VARIANT_SM80", "VARIANT_SM75", "load", "load_error",
 VARIANT_AUTO, VARIANT_SM80, VARIANT_SM75 = 0, 80, 75
 _F16, _BF16 = 1, 2
 _SCALE_TENSOR, _SCALE_ROW = 0, 1
-_STATUS = {0: "QB_OK", 1: "QB_ERR_INVALID_ARGUMENT", 2: "QB_ERR_UNSUPPORTED", 3: "QB_ERR_NOT_BUILT",
-           4: "QB_ERR_CUDA"}
-_ERR_LEN = 1024
-
 _lock = threading.Lock()
-_lib = None
-_load_error = None
-_tls = threading.local()
+_lib = None              # native's handle, once the marlin entry points are bound on it
+_bind_error = None
 _workspaces: dict = {}   # device index -> zeroed uint8 tensor (never freed: graphs may hold it)
 _retired: list = []      # outgrown workspaces, kept alive for the graphs that captured them
 _ws_need: dict = {}      # (device index, N, K) -> bytes
 _DEFAULT_N = 1 << 20     # default workspaces are sized for any N up to this (counters are 4 B / 128 rows)
-
-
-def _default_path() -> str:
-    return os.environ.get("QBACKEND_CUDA_LIB") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "_lib", "libqbackend_cuda.so")
 
 
 def _bind(lib):
@@ -66,45 +57,38 @@ def _bind(lib):
 
 
 def load():
-    """The loaded library (ctypes.CDLL) or None; see load_error() for why not."""
-    global _lib, _load_error
-    if _lib is not None or _load_error is not None:
+    """The loaded library (ctypes.CDLL) with the marlin entry points bound, or None; see load_error()."""
+    global _lib, _bind_error
+    if _lib is not None or _bind_error is not None:
         return _lib
+    lib = native.load()
+    if lib is None:
+        return None
     with _lock:
-        if _lib is None and _load_error is None:
-            path = _default_path()
+        if _lib is None and _bind_error is None:
             try:
-                lib = ctypes.CDLL(path)
                 _bind(lib)
                 _lib = lib
-            except (OSError, AttributeError) as e:
-                _load_error = f"cannot load {path}: {e}"
+            except AttributeError as e:  # a library built without the marlin entry points
+                _bind_error = f"AttributeError: {e}"
     return _lib
 
 
 def load_error():
     load()
-    return _load_error
+    return native.load_error() or _bind_error
 
 
 def _require():
     lib = load()
     if lib is None:
-        raise RuntimeError(f"qbackend marlin: native library unavailable ({_load_error})")
+        raise RuntimeError(f"qbackend marlin: native library unavailable ({load_error()})")
     return lib
-
-
-def _errbuf():
-    b = getattr(_tls, "buf", None)
-    if b is None:
-        b = _tls.buf = ctypes.create_string_buffer(_ERR_LEN)
-    return b
 
 
 def _check(rc: int, what: str, buf) -> None:
     if rc != 0:
-        msg = buf.value.decode("utf-8", "replace") or "(no message)"
-        raise RuntimeError(f"{what} failed ({_STATUS.get(rc, rc)}): {msg}")
+        native._raise(what, rc, buf)
 
 
 def has_variant(variant: int = VARIANT_AUTO) -> bool:
@@ -185,11 +169,11 @@ def prepare(w_e4m3: torch.Tensor, check_nan: bool = True) -> torch.Tensor:
         raise ValueError(f"marlin prepare: shape {(N, K)} is too large")
     packed = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     nan_count = torch.zeros(1, dtype=torch.int32, device=dev)
-    buf = _errbuf()
+    buf = native._errbuf()
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
         rc = lib.qb_marlin_prepare(w_e4m3.data_ptr(), w_e4m3.stride(0), N, K, packed.data_ptr(), nbytes,
-                                   nan_count.data_ptr(), stream, buf, _ERR_LEN)
+                                   nan_count.data_ptr(), stream, buf, native._ERR_LEN)
     _check(rc, "qb_marlin_prepare", buf)
     nans = int(nan_count.item()) if check_nan else 0
     if nans:
@@ -265,16 +249,16 @@ def mm(a: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, bias, out: 
             workspace = _default_workspace(N, K, dev)
         elif _cuda_device_of(workspace, "workspace") != dev or workspace.dtype != torch.uint8:
             raise ValueError("marlin mm: workspace must be a uint8 tensor on a's device (see new_workspace)")
-        buf = _errbuf()
+        buf = native._errbuf()
         lda = a.stride(0) if M > 0 else K
         ldo = out.stride(0) if M > 0 else N
         args = (a.data_ptr(), lda, packed.data_ptr(), packed.numel(), out.data_ptr(), ldo, M, N, K, code,
                 w_scale.data_ptr(), skind, bias_ptr, workspace.data_ptr(), workspace.numel(), int(variant))
         if stages or max_blocks or blocks_per_sm:
             rc = lib.qb_marlin_mm_tuned(*args, int(stages), int(max_blocks), int(blocks_per_sm), stream, buf,
-                                        _ERR_LEN)
+                                        native._ERR_LEN)
         else:
-            rc = lib.qb_marlin_mm(*args, stream, buf, _ERR_LEN)
+            rc = lib.qb_marlin_mm(*args, stream, buf, native._ERR_LEN)
     finally:
         if switch:
             torch.cuda.set_device(prev)

@@ -1,7 +1,8 @@
 """ctypes binding of libqbackend_cuda's scaled_mm and quantize entry points
 (csrc_cuda/include/qbackend_cuda.h).
 
-Self-contained (ctypes, os, threading, torch). The library is looked up at $QBACKEND_CUDA_LIB, else at
+The one loader of the library (marlin_native binds its entry points on this same handle). The
+library is looked up at $QBACKEND_CUDA_LIB, else at
 providers/_lib/libqbackend_cuda.so next to this module. Importing never raises: `load()` returns the
 handle or None, `load_error()` says why not. Loading makes no CUDA call (no context is created).
 

@@ -6,16 +6,10 @@ Runs every built scaled_mm family (partial tiles in M, N and K, sliced A, bias, 
 quantize mode (vector and scalar paths, sliced rows) once; prints "memcheck workload done". The
 sanitizer's own summary ("ERROR SUMMARY: 0 errors") is the verdict. Not collected by pytest.
 """
-import importlib.util
-import os
 
 import torch
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location(
-    "qb_native", os.path.join(_HERE, "..", "..", "providers", "native.py"))
-native = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(native)
+from qbackend_providers import native
 
 F8 = torch.float8_e4m3fn
 dev = "cuda"

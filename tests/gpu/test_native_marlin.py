@@ -13,20 +13,14 @@ below 1e-5 of the largest output for these inputs. Weights are random e4m3fn cod
 NaN, subnormals and -0 included), so the decoding is exercised everywhere; a separate test checks
 the decoding bit-exactly.
 """
-import importlib.util
 import math
-import os
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+from qbackend_providers import marlin_native as mn
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location(
-    "qb_marlin_native", os.path.join(_HERE, "..", "..", "providers", "marlin_native.py"))
-mn = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mn)
+pytestmark = pytest.mark.gpu
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)

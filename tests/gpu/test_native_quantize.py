@@ -11,19 +11,13 @@ row strides larger than cols, rows that take the 16-byte path and rows that cann
 offsets), rows longer than the per-token kernel's register cache, and scale_ub on and off. q is
 poisoned (0x7f bytes: NaN for fp8) before each call.
 """
-import importlib.util
-import os
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+from qbackend_providers import native
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location(
-    "qb_native", os.path.join(_HERE, "..", "..", "providers", "native.py"))
-native = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(native)
+pytestmark = pytest.mark.gpu
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)

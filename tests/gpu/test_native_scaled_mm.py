@@ -20,19 +20,13 @@ Tolerance, element-wise:  |out - ref| <= r_out * |ref| + r_acc * S,  S = |scale_
 Plus, per output, the global relative error ||out - ref|| / ||ref|| <= 2e-2 (fp8) / 1e-2 (int8), and
 no NaN anywhere (every element written).
 """
-import importlib.util
-import os
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+from qbackend_providers import native
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location(
-    "qb_native", os.path.join(_HERE, "..", "..", "providers", "native.py"))
-native = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(native)
+pytestmark = pytest.mark.gpu
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
