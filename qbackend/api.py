@@ -93,7 +93,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
                          f"of q with shape {list(q.shape)}; got that shape")
     try:
         full = expand(s2, q2.shape[0], q2.shape[1], size)
-    except AssertionError:
+    except ValueError:
         raise ValueError(f"qbackend.dequantize: scale: shape must split q's shape {list(q.shape)} into "
                          f"groups of {size[-1]} (group_size) or blocks of {tuple(block_size)} "
                          f"(block_size); got {list(scale.shape)}") from None

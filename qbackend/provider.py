@@ -147,13 +147,5 @@ class Provider:
         return {}
 
 
-def rule_table(*rules: Rule) -> tuple:
-    return tuple(rules)
-
-
-def pairs(*dtype_pairs) -> frozenset:
-    return frozenset(dtype_pairs)
-
-
 def granularities(*names: str) -> frozenset:
     return frozenset(Granularity(n) for n in names)

@@ -39,5 +39,6 @@ def expand(scale: torch.Tensor, rows: int, cols: int, size: tuple = (BLOCK, BLOC
         s = s.reshape(1, -1)
     r, c = s.shape
     gr, gc = group_size(rows, r, size[0]), group_size(cols, c, size[1])
-    assert gr is not None and gc is not None, (tuple(s.shape), rows, cols)
+    if gr is None or gc is None:
+        raise ValueError(f"scale of shape {list(s.shape)} does not split [{rows}, {cols}] into groups of {tuple(size)}")
     return s.repeat_interleave(gr, dim=0)[:rows].repeat_interleave(gc, dim=1)[:, :cols]

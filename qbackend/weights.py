@@ -41,7 +41,7 @@ class PreparedWeight:
         return WeightSpec(self.K, self.N, self.dtype, self.data.device)
 
 
-def weight_scale_to_b(w_scale: torch.Tensor, N: int, K: int) -> torch.Tensor:  # noqa: D401
+def weight_scale_to_b(w_scale: torch.Tensor, N: int, K: int) -> torch.Tensor:
     """A weight's own scale ([] / [1], [N, 1], [ceil(N/bn), ceil(K/bk)]) in scale_b form."""
     if w_scale.numel() == 1:
         return w_scale.reshape(())
