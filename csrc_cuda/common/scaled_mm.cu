@@ -148,6 +148,30 @@ int check_shape(int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int o
   return QB_OK;
 }
 
+// The shape, device and tuning part of a call's arguments, and the family that will run it: shared by
+// the call itself and by the workspace-size query, which must plan exactly the same launch.
+int plan(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldo, int a_dtype, int out_dtype,
+         int variant, const qb::Err& err, qb::ScaledMmArgs* args, int* fam) {
+  qb::DeviceInfo dev;
+  int st = qb::current_device(&dev, err);
+  if (st != QB_OK) return st;
+  if ((st = resolve_variant(a_dtype, variant, dev.cc, err, fam)) != QB_OK) return st;
+  *args = qb::ScaledMmArgs{};
+  args->M = M;
+  args->N = N;
+  args->K = K;
+  args->lda = lda;
+  args->ldb = ldb;
+  args->ldo = ldo;
+  args->out_dtype = out_dtype;
+  args->sm_count = dev.sm_count;
+  args->config = t_config;
+  args->decomp = t_decomp;
+  args->splits = t_splits;
+  args->swizzle = t_swizzle;
+  return QB_OK;
+}
+
 int scaled_mm_impl(const void* a, int64_t lda, const void* b, int64_t ldb, void* out, int64_t ldo, int64_t M,
                    int64_t N, int64_t K, int a_dtype, int b_dtype, int out_dtype, const float* scale_a,
                    int scale_a_kind, const float* scale_b, int scale_b_kind, const void* bias, int variant,
@@ -182,22 +206,12 @@ int scaled_mm_impl(const void* a, int64_t lda, const void* b, int64_t ldb, void*
   if (bias != nullptr && (reinterpret_cast<uintptr_t>(bias) & 1u))
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: bias must be 2-byte aligned");
 
-  qb::DeviceInfo dev;
-  if ((st = qb::current_device(&dev, err)) != QB_OK) return st;
-  int fam = 0;
-  if ((st = resolve_variant(a_dtype, variant, dev.cc, err, &fam)) != QB_OK) return st;
-
   qb::ScaledMmArgs args;
+  int fam = 0;
+  if ((st = plan(M, N, K, lda, ldb, ldo, a_dtype, out_dtype, variant, err, &args, &fam)) != QB_OK) return st;
   args.a = a;
-  args.lda = lda;
   args.b = b;
-  args.ldb = ldb;
   args.out = out;
-  args.ldo = ldo;
-  args.M = M;
-  args.N = N;
-  args.K = K;
-  args.out_dtype = out_dtype;
   args.scale_a = scale_a;
   args.scale_a_per_row = scale_a_kind == QB_SCALE_ROW;
   args.scale_b = scale_b;
@@ -206,11 +220,6 @@ int scaled_mm_impl(const void* a, int64_t lda, const void* b, int64_t ldb, void*
   args.workspace = workspace;
   args.workspace_size = workspace ? workspace_size : 0;
   args.stream = static_cast<cudaStream_t>(stream);
-  args.sm_count = dev.sm_count;
-  args.config = t_config;
-  args.decomp = t_decomp;
-  args.splits = t_splits;
-  args.swizzle = t_swizzle;
   return family_run(fam, args, err);
 }
 
@@ -238,23 +247,9 @@ extern "C" size_t qb_scaled_mm_workspace_size(int64_t M, int64_t N, int64_t K, i
                                               int variant) {
   const qb::Err none{nullptr, 0};
   if (check_shape(M, N, K, a_dtype, a_dtype, out_dtype, none) != QB_OK || M == 0) return 0;
-  qb::DeviceInfo dev;
-  if (qb::current_device(&dev, none) != QB_OK) return 0;
+  qb::ScaledMmArgs args;
   int fam = 0;
-  if (resolve_variant(a_dtype, variant, dev.cc, none, &fam) != QB_OK) return 0;
-  qb::ScaledMmArgs args{};
-  args.M = M;
-  args.N = N;
-  args.K = K;
-  args.lda = K;
-  args.ldb = K;
-  args.ldo = N;
-  args.out_dtype = out_dtype;
-  args.sm_count = dev.sm_count;
-  args.config = t_config;
-  args.decomp = t_decomp;
-  args.splits = t_splits;
-  args.swizzle = t_swizzle;
+  if (plan(M, N, K, K, K, N, a_dtype, out_dtype, variant, none, &args, &fam) != QB_OK) return 0;
   return family_workspace(fam, args);
 }
 
