@@ -12,9 +12,18 @@ from . import dtypes as qd
 from . import ops
 from .scales import expand
 from .validate import _check_tensor, check_out_dtype
-from .weights import linear_impl
+from .weights import PreparedWeight, linear_impl
 
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
+def _check_op_args(fn: str, required: dict, optional: dict) -> None:
+    """Under torch.compile the op's schema would reject a non-tensor argument before validation
+    could name it; in eager mode the implementation's validation does these checks itself."""
+    for name, t in required.items():
+        _check_tensor(fn, name, t)
+    for name, t in optional.items():
+        _check_tensor(fn, name, t, allow_none=True)
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None = None,
@@ -34,13 +43,10 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None = N
     out_dtype: bfloat16 (default for W8A8), float16 or float32; W8A16 defaults to a's dtype.
     bias: [N] in out_dtype.
     """
-    _check_tensor("scaled_mm", "a", a)
-    _check_tensor("scaled_mm", "b", b)
-    for name, t in (("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias)):
-        _check_tensor("scaled_mm", name, t, allow_none=True)
-    if out_dtype is not None:
-        check_out_dtype("scaled_mm", out_dtype, torch.bfloat16)
     if _compiling():
+        _check_op_args("scaled_mm", {"a": a, "b": b}, {"scale_a": scale_a, "scale_b": scale_b, "bias": bias})
+        if out_dtype is not None:
+            check_out_dtype("scaled_mm", out_dtype, torch.bfloat16)
         return ops.scaled_mm_op(a, b, scale_a, scale_b, out_dtype, bias, group_size)
     return ops.scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size)
 
@@ -56,14 +62,12 @@ def quantize(x: torch.Tensor, dtype: torch.dtype = qd.E4M3, granularity: str = "
     granularity: "tensor" (scale []), "token" ([..., 1], one per row), "channel" (a 2-D [N, K]
     weight, [N, 1]), "group" ([..., K / group_size]), "block" (2-D [N, K], [ceil(N/bn), ceil(K/bk)]).
     """
-    _check_tensor("quantize", "x", x)
-    _check_tensor("quantize", "scale", scale, allow_none=True)
-    _check_tensor("quantize", "scale_ub", scale_ub, allow_none=True)
     block = tuple(block_size) if isinstance(block_size, (tuple, list)) else block_size
     if _compiling():
+        _check_op_args("quantize", {"x": x}, {"scale": scale, "scale_ub": scale_ub})
+        if not (isinstance(block, tuple) and len(block) == 2):
+            raise ValueError(f"qbackend.quantize: block_size: must be two positive ints; got {block!r}")
         if scale is not None:
-            if not (isinstance(block, tuple) and len(block) == 2):
-                raise ValueError(f"qbackend.quantize: block_size: must be two positive ints; got {block!r}")
             return ops.quantize_static_op(x, dtype, granularity, scale, group_size, *block), scale
         return ops.quantize_op(x, dtype, granularity, scale_ub, group_size, *block)
     return ops.quantize_impl(x, dtype, granularity, scale, scale_ub, group_size, block)
@@ -104,14 +108,12 @@ def linear(a: torch.Tensor, weight, scale_a: torch.Tensor | None = None,
            bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """scaled_mm(a, weight) with a weight from `qbackend.prepare_weight` (the provider's own
     layout, prepared once). Arguments as in scaled_mm; the weight carries b and scale_b."""
-    from .weights import PreparedWeight
-
-    _check_tensor("linear", "a", a)
     if not isinstance(weight, PreparedWeight):
         raise TypeError(f"qbackend.linear: weight: must be a PreparedWeight from "
                         f"qbackend.prepare_weight; got {type(weight).__name__}")
     args = (a, weight.data, weight.scale, weight.aux, scale_a, bias, weight.provider,
             weight.layout, weight.N, weight.K, weight.dtype, out_dtype, weight.problem.group or 128)
     if _compiling():
+        _check_op_args("linear", {"a": a}, {"scale_a": scale_a, "bias": bias})
         return ops.linear_op(*args)
     return linear_impl(*args)
