@@ -206,9 +206,11 @@ def run_grid(shapes, ms, impls) -> list:
 
 
 def run_tune(shapes, ms) -> list:
-    """Every SM90 config x decomposition for qbackend (auto = the dispatcher's own choice)."""
+    """Every SM90 config x decomposition for qbackend (auto = the dispatcher's own choice; auto_nopdl =
+    the same with programmatic launches off)."""
     names = native.config_names(F8, 90)
-    decomps = [("auto", -1), ("dp", 0), ("streamk", 2), ("heur", 3)]
+    # (name, decomposition, split-K factor): 0 data-parallel, 1 split-K, 2 stream-K, 3 CUTLASS heuristic
+    decomps = [("dp", 0, -1), ("splitk2", 1, 2), ("splitk4", 1, 4), ("streamk", 2, -1), ("heur", 3, -1)]
     rows = []
     for (N, K) in shapes:
         prob = Problem(N, K, want_bf16=False)
@@ -219,20 +221,26 @@ def run_tune(shapes, ms) -> list:
             ref_t = graph_time(prob.fns("torch._scaled_mm.tensorwise", M, ab, af, sa))
             best = min(ref, ref_t)
             auto = graph_time(prob.fns("qbackend.cutlass", M, ab, af, sa))
-            rows.append({"M": M, "N": N, "K": K, "impl": "auto", "us": auto, "torch_best": best})
+            native.set_programmatic_launch(False)
+            try:
+                auto_nopdl = graph_time(prob.fns("qbackend.cutlass", M, ab, af, sa))
+            finally:
+                native.set_programmatic_launch(True)
+            for impl, us in (("auto", auto), ("auto_nopdl", auto_nopdl)):
+                rows.append({"M": M, "N": N, "K": K, "impl": impl, "us": us, "torch_best": best})
             res = []
             for ci, name in enumerate(names):
                 swap = name.startswith("swap")
                 if (swap and M > 256) or (not swap and M < 64):
                     continue
                 coop = "coop" in name
-                variants = [(dn, d, 1) for dn, d in decomps] if coop else [("dp", 0, 1)]
+                variants = [(dn, d, sp, 1) for dn, d, sp in decomps] if coop else [("dp", 0, -1, 1)]
                 if M >= 1024:  # L2-friendly rasterization matters once many tiles share operands
-                    variants = [(dn, d, 1) for dn, d in (decomps[2:] if coop else [("dp", 0)])] + \
-                               [(f"{dn}_sw{sw}", d, sw) for dn, d in ((decomps[3] if coop else ("dp", 0)),)
-                                for sw in (2, 8)]
-                for dname, d, sw in variants:
-                    native.override(ci, d, -1, sw)
+                    last = decomps[-1] if coop else decomps[0]
+                    variants = [(dn, d, sp, 1) for dn, d, sp in (decomps[3:] if coop else decomps[:1])] + \
+                               [(f"{last[0]}_sw{sw}", last[1], last[2], sw) for sw in (2, 8)]
+                for dname, d, sp, sw in variants:
+                    native.override(ci, d, sp, sw)
                     try:
                         us = graph_time(prob.fns("qbackend.cutlass", M, ab, af, sa), target_ms=8.0)
                     except RuntimeError as e:
@@ -244,8 +252,8 @@ def run_tune(shapes, ms) -> list:
                                  "torch_best": best})
                     res.append((us, f"{name}/{dname}"))
             res.sort()
-            print(f"M={M} N={N} K={K} torch_best={best:.1f} auto={auto:.1f} (x{best / auto:.2f}) | "
-                  + " ".join(f"{n}={u:.1f}" for u, n in res[:4]), flush=True)
+            print(f"M={M} N={N} K={K} torch_best={best:.1f} auto={auto:.1f} (x{best / auto:.2f}) "
+                  f"nopdl={auto_nopdl:.1f} | " + " ".join(f"{n}={u:.1f}" for u, n in res[:4]), flush=True)
         del prob
         torch.cuda.empty_cache()
     return rows

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|qbench|bench|mbench|e2e|memcheck]...
+#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|qbench|bench|mbench|e2e|ncu|memcheck]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
-# pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere at
-# build/cuda/libqbackend_cuda.so, or $QBACKEND_CUDA_LIB. Each step has its own time limit and a
-# failing step does not stop the rest.
+# pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
+# providers/_lib/libqbackend_cuda.so (tools/build_cuda.py) or $QBACKEND_CUDA_LIB. Each step has its
+# own time limit and a failing step does not stop the rest.
 set -u
 OUT=${RESULTS_DIR:-/tmp/qb_out}
 mkdir -p "$OUT"
-export QBACKEND_CUDA_LIB=${QBACKEND_CUDA_LIB:-$PWD/build/cuda/libqbackend_cuda.so}
+export QBACKEND_CUDA_LIB=${QBACKEND_CUDA_LIB:-$PWD/providers/_lib/libqbackend_cuda.so}
 export PYTHONUNBUFFERED=1
 steps=${*:-tests tune qbench bench memcheck}
 LOG="$OUT/log.txt"   # one log for every textual step
@@ -32,13 +32,17 @@ for step in $steps; do
     minilm)  # needs the model folder from tools/export_minilm.py, e.g. carried as .carry/minilm16
       QBACKEND_MINILM_DIR=${QBACKEND_MINILM_DIR:-.carry/minilm16} timeout 300 python3 -m pytest -q -p no:cacheprovider -s -k cuda tests/test_minilm_accuracy.py 2>&1 | grep -E "cosine|passed|failed|Error" ;;
     e2e)
-      timeout 500 python3 bench/bench_e2e.py --out "$OUT/e2e_h200.json" 2>&1 | tail -40 ;;
+      timeout 500 python3 bench/bench_e2e.py --compile --out "$OUT/e2e_h200.json" 2>&1 | grep -v Warning | tail -60 ;;
     tune)
       timeout 220 python3 bench/bench_scaled_mm.py --tune --ms ${TUNE_MS:-1,16,32,64,128,256,1024,4096,8192} --shapes ${TUNE_SHAPES:-4096:4096,6144:4096,28672:4096,4096:14336,8192:8192,57344:8192} --out "$OUT/tune.json" 2>&1 | grep -v "^  " ;;
     qbench)
       timeout 120 python3 bench/bench_quantize.py --out "$OUT/quantize_h200.json" 2>&1 ;;
     bench)
       timeout 300 python3 bench/bench_scaled_mm.py --out "$OUT/scaled_mm_h200.json" 2>&1 ;;
+    ncu)
+      timeout 200 ncu --clock-control none --csv --page raw -k regex:"gemm|device_kernel|nvjet" --metrics \
+        gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+        python3 bench/profile_small_m.py > "$OUT/ncu_small_m.csv" 2>&1; tail -3 "$OUT/ncu_small_m.csv" ;;
     memcheck)
       timeout 240 compute-sanitizer --tool memcheck python3 tests/gpu/memcheck_native.py 2>&1 | tail -8 ;;
   esac

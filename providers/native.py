@@ -24,7 +24,8 @@ import torch
 __all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75",
            "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
            "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size", "quantize",
-           "quantize_workspace_size", "quantize_override", "config_names", "override"]
+           "quantize_workspace_size", "quantize_override", "config_names", "override",
+           "set_programmatic_launch"]
 
 VARIANT_AUTO, VARIANT_SM90, VARIANT_SM89, VARIANT_SM80, VARIANT_SM75 = 0, 90, 89, 80, 75
 STATIC_TENSOR, DYNAMIC_TENSOR, DYNAMIC_TOKEN = 0, 1, 2          # qb_quant_mode
@@ -69,6 +70,8 @@ def _bind(lib) -> None:
     lib.qb_scaled_mm_config_name.restype = c.c_char_p
     lib.qb_scaled_mm_override.argtypes = [ip, ip, ip, ip]
     lib.qb_scaled_mm_override.restype = None
+    lib.qb_set_programmatic_launch.argtypes = [ip]
+    lib.qb_set_programmatic_launch.restype = None
     lib.qb_quantize.argtypes = [vp, i64, vp, i64, fp, i64, i64, ip, ip, ip, fp, vp, vp, c.c_char_p, sz]
     lib.qb_quantize.restype = ip
     lib.qb_quantize_workspace_size.argtypes = [i64, i64, ip]
@@ -90,6 +93,8 @@ def load():
                     raise OSError(f"not found: {path} (build csrc_cuda or set QBACKEND_CUDA_LIB)")
                 lib = ctypes.CDLL(path)
                 _bind(lib)
+                if os.environ.get("QBACKEND_CUDA_PDL", "1").strip() == "0":
+                    lib.qb_set_programmatic_launch(0)
                 _lib = lib
             except (OSError, AttributeError) as e:  # AttributeError: a missing entry point
                 _load_error = f"{type(e).__name__}: {e}"
@@ -300,6 +305,13 @@ def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
 def quantize_override(token_kernel: int = -1) -> None:
     """Tuning/tests: force the per-token kernel (0 block per row, 1 row-pipelined; -1 automatic)."""
     _need().qb_quantize_override(int(token_kernel))
+
+
+def set_programmatic_launch(enabled: bool) -> None:
+    """Process-wide: launch the sm_90 kernels that support it (scaled_mm without workspace, per-token
+    and static quantize) as programmatic dependents of the previous kernel (on by default;
+    QBACKEND_CUDA_PDL=0 turns it off at load)."""
+    _need().qb_set_programmatic_launch(int(bool(enabled)))
 
 
 def config_names(a_dtype: torch.dtype, variant: int) -> list[str]:

@@ -54,6 +54,7 @@ class Registry:
             raise NoProviderError(f"{FORCE_ENV}={self.forced}: no such provider "
                                   f"(known: {', '.join(self.providers)})")
         self._cache: dict = {}
+        self._warned: set = set()   # (device key, problem) whose reference fallback was reported
         self._lock = threading.Lock()
 
     def verdicts(self, device: DeviceInfo, problem: Problem) -> tuple:
@@ -77,7 +78,6 @@ class Registry:
         with self._lock:
             decision = self._decide(device, problem)
             self._cache[key] = decision
-        self._warn_if_fallback(device, problem, decision)
         return decision
 
     def _decide(self, device: DeviceInfo, problem: Problem) -> Decision:
@@ -105,15 +105,18 @@ class Registry:
         return Decision(None, "none", verdicts)
 
     def _warn_if_fallback(self, device: DeviceInfo, problem: Problem, decision: Decision) -> None:
-        # A GPU problem served by the reference provider is correct but slow: say so, once.
+        # A GPU call served by the reference provider is correct but slow: say so, once per problem.
+        # Only calls warn; selection queries (qbackend info, selection_table) only report.
         if device.backend in ("cuda", "hip") and not device.simulated and decision.name == "reference" \
-                and decision.how == "priority":
+                and decision.how == "priority" and (device.key, problem) not in self._warned:
+            self._warned.add((device.key, problem))
             warnings.warn(f"qbackend: no native provider serves {problem.describe()} on "
                           f"{device.arch}; using the reference provider (correct, slow). "
-                          f"{decision.reason()}", stacklevel=4)
+                          f"{decision.reason()}", stacklevel=3)
 
     def select(self, device: DeviceInfo, problem: Problem):
         decision = self.decide(device, problem)
+        self._warn_if_fallback(device, problem, decision)
         if decision.provider is None:
             raise NoProviderError(f"qbackend: no provider serves {problem.describe()} on "
                                   f"{device.arch}: {decision.reason()}")

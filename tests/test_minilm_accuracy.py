@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from qbackend import registry
 from qbackend.cli import main
 from qbackend.formats import load_checkpoint
 from qbackend.nn import QuantLinear, calibrate, quantize_model
@@ -122,19 +123,44 @@ def reference(minilm):
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
+@pytest.fixture
+def native_providers(monkeypatch):
+    """On a GPU, the providers each scheme must run on: the native ones, never the reference. W8A16
+    on a GPU with FP8 tensor cores is not marlin's by default (W8A8 is faster there), so it is forced."""
+    forced = []
+
+    def expect(scheme, device):
+        if device == "cpu":
+            return {"reference"}
+        if scheme == "fp8_weight_only":
+            if torch.cuda.get_device_capability(device) >= (8, 9):
+                monkeypatch.setenv("QBACKEND_PROVIDER", "marlin")
+                forced.append(True)
+                registry.reload()
+            return {"marlin"}
+        return {"cutlass"}
+
+    yield expect
+    if forced:
+        monkeypatch.delenv("QBACKEND_PROVIDER")
+        registry.reload()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("scheme", list(THRESHOLDS))
-def test_quantized_embeddings_match_fp32(minilm, reference, scheme, device):
+def test_quantized_embeddings_match_fp32(minilm, reference, scheme, device, native_providers):
     base, tokenizer = minilm
     assert len(set(SENTENCES)) >= 50
+    expected = native_providers(scheme, device)
     # On the GPU the model runs in fp16 (what an engine would do); the reference stays fp32 on CPU.
     dtype = torch.float32 if device == "cpu" else torch.float16
     model = quantize_model(copy.deepcopy(base).to(device, dtype), scheme)
-    n_linear = sum(isinstance(m, QuantLinear) for m in model.modules())
-    assert n_linear == 6 * 6 + 1  # q, k, v, attn out, intermediate, output per layer + pooler
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert len(layers) == 6 * 6 + 1  # q, k, v, attn out, intermediate, output per layer + pooler
     if scheme == "fp8_static":
         calibrate(model, [dict(tokenizer(CALIBRATION, padding=True, return_tensors="pt").to(device))])
     got = embed(model, tokenizer, SENTENCES, device)
+    assert {p.weight.provider for m in layers for p in m._prepared.values()} == expected
     cosine = (got * reference).sum(-1)
     print(f"{scheme} on {device}: mean cosine {cosine.mean():.5f}, min {cosine.min():.5f}")
     assert cosine.mean() >= THRESHOLDS[scheme]

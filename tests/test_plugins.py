@@ -182,3 +182,28 @@ def test_custom_rule_based_provider_selected_by_priority(gen):
     assert len(reg._cache) >= 1
     text = qbackend.explain("fp8_w8a8_per_tensor", "cpu")
     assert "-> fast: ok" in text and "chosen: fast (priority)" in text
+
+
+def test_reference_fallback_on_a_gpu_warns_once_and_only_for_calls():
+    """A real (not simulated) GPU problem that only the reference provider serves warns on the first
+    call, once; selection queries (qbackend info, selection_table) report it without warning."""
+    import dataclasses
+    import warnings
+
+    from qbackend.probe import simulated
+    from qbackend.problem import representative
+
+    gpu = dataclasses.replace(simulated("sm_90"), simulated=False, probe="test")
+    problem = representative("fp8_block")
+    reg = registry.reload()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert reg.decide(gpu, problem).name == "reference"   # a query: no warning
+        with pytest.warns(UserWarning, match="no native provider serves .* using the reference provider"):
+            assert reg.select(gpu, problem).name == "reference"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            reg.select(gpu, problem)                                # once per problem
+    finally:
+        registry.reload()

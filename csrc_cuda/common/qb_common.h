@@ -37,6 +37,10 @@ struct DeviceInfo {
 // Returns QB_OK or QB_ERR_CUDA (err filled).
 int current_device(DeviceInfo* info, const Err& err);
 
+// Whether kernels that support it are launched as programmatic dependents of the kernel before them
+// (qb_set_programmatic_launch; on by default). Only sm_90+ kernels act on it.
+bool programmatic_launch();
+
 // A scaled_mm request that passed every check of qb_scaled_mm; families may assume them.
 struct ScaledMmArgs {
   const void* a;  // [M, K] row-major, row stride lda (elements)
@@ -61,6 +65,7 @@ struct ScaledMmArgs {
   int decomp;              // 0 data-parallel, 1 split-K, 2 stream-K, 3 CUTLASS heuristic (stream-K kernels)
   int splits;              // split-K factor when decomp == 1
   int swizzle;             // tile swizzle (1, 2, 4, 8) for SM90 configs
+  bool programmatic;       // may launch as a programmatic dependent of the previous kernel (SM90)
 };
 
 // Family entry points. Each returns a qb_status and fills err. `*_workspace` gives the bytes the

@@ -56,6 +56,17 @@ __device__ __forceinline__ __half __high2half_or_bf16(__half2 v) { return __high
 __device__ __forceinline__ __nv_bfloat16 __low2half_or_bf16(__nv_bfloat162 v) { return __low2bfloat16(v); }
 __device__ __forceinline__ __nv_bfloat16 __high2half_or_bf16(__nv_bfloat162 v) { return __high2bfloat16(v); }
 
+// Programmatic dependent launch (sm_90 machine code only; nothing elsewhere). Wait until the previous
+// kernel in the stream has finished and its writes are visible (a no-op for an ordinary launch), then
+// let the next kernel, if launched as a programmatic dependent (the FP8 GEMM that reads q), start its
+// prologue while this one runs; it waits in turn for this kernel before it reads anything.
+__device__ __forceinline__ void enter_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // x / s, bit-identical to IEEE fp32 division, in 4 instructions instead of a division subroutine
 // (the division's cost made the kernels compute-bound). With r = RN(1/s) and q0 = RN(x r), the
 // residual e = x - q0 s is exact (FMA) and RN(q0 + e r) is the correctly rounded quotient
@@ -180,6 +191,7 @@ __global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __
                                                         int64_t ldq, float* __restrict__ scales, int64_t nvec,
                                                         const float* __restrict__ scale_ub) {
   __shared__ float red[32];
+  enter_dependent_grid();
   const int64_t r = blockIdx.x;
   const auto* xr = reinterpret_cast<const Vec<T, VEC>*>(x + r * ldx);
   uint8_t* qr = q + r * ldq;
@@ -292,6 +304,7 @@ __global__ void __launch_bounds__(256) elementwise_kernel(const T* __restrict__ 
                                                           const float* __restrict__ scale_in,
                                                           const unsigned* __restrict__ amax_bits,
                                                           const float* __restrict__ scale_ub, float* scale_out) {
+  enter_dependent_grid();
   float scale;
   if constexpr (kDynamic) {
     scale = scale_from_amax<QD>(__uint_as_float(*amax_bits), scale_ub);
@@ -343,7 +356,23 @@ struct QuantArgs {
   cudaStream_t stream;
   int sm_count;
   int device;
+  bool programmatic;  // launch the single-kernel modes as programmatic dependents
 };
+
+// <<<grid, block, 0, stream>>>, as a programmatic dependent of the previous kernel when asked.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), unsigned grid, int block, const QuantArgs& a, Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.stream = a.stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = a.programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -372,12 +401,17 @@ int launch(const QuantArgs& a, const qb::Err& err) {
       per_token_pipelined_kernel<T, VEC, QD><<<static_cast<unsigned>(std::min<int64_t>(a.rows, resident)), t, 0,
                                                a.stream>>>(x, a.ldx, a.q, a.ldq, a.scale, a.rows, nvec, a.scale_ub);
     } else {
-      per_token_kernel<T, VEC, QD><<<static_cast<unsigned>(a.rows), t, 0, a.stream>>>(x, a.ldx, a.q, a.ldq, a.scale,
-                                                                                    nvec, a.scale_ub);
+      cudaError_t e = launch_kernel(per_token_kernel<T, VEC, QD>, static_cast<unsigned>(a.rows), t, a, x, a.ldx, a.q,
+                                    a.ldq, a.scale, nvec, a.scale_ub);
+      if (e != cudaSuccess) return err.cuda(e, "qb_quantize: kernel launch");
     }
   } else if (a.mode == QB_QUANT_STATIC_TENSOR) {
-    elementwise_kernel<T, VEC, QD, false>
-        <<<grid_ew, threads, 0, a.stream>>>(x, a.ldx, a.q, a.ldq, a.rows, nvec, a.scale, nullptr, nullptr, nullptr);
+    const float* no_scale_ub = nullptr;
+    float* no_scale_out = nullptr;
+    const unsigned* no_amax = nullptr;
+    cudaError_t e = launch_kernel(elementwise_kernel<T, VEC, QD, false>, grid_ew, threads, a, x, a.ldx, a.q, a.ldq,
+                                  a.rows, nvec, a.scale, no_amax, no_scale_ub, no_scale_out);
+    if (e != cudaSuccess) return err.cuda(e, "qb_quantize: kernel launch");
   } else {
     unsigned* acc = static_cast<unsigned*>(a.workspace ? a.workspace : static_cast<void*>(a.scale));
     cudaError_t e = cudaMemsetAsync(acc, 0, sizeof(unsigned), a.stream);
@@ -459,7 +493,13 @@ extern "C" int qb_quantize(const void* x, int64_t ldx, void* q, int64_t ldq, flo
   QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, mode,
               mode == QB_QUANT_STATIC_TENSOR ? nullptr : scale_ub,
               mode == QB_QUANT_DYNAMIC_TENSOR ? workspace : nullptr, static_cast<cudaStream_t>(stream), dev.sm_count,
-              dev.device};
+              dev.device, false};
+#ifdef QB_BUILT_SM90A
+  // Only the sm_90a machine code waits for the previous kernel (griddepcontrol), and the driver runs
+  // it on compute capability 9.0 alone: anywhere else these kernels come from older PTX and must not
+  // be launched early.
+  a.programmatic = dev.cc == 90 && qb::programmatic_launch();
+#endif
   switch (x_dtype) {
     case QB_F32: return dispatch_q<float>(q_dtype, a, err);
     case QB_F16: return dispatch_q<__half>(q_dtype, a, err);

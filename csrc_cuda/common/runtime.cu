@@ -1,4 +1,5 @@
-// runtime.cu: error messages and the per-device property cache shared by every entry point.
+// runtime.cu: error messages, the per-device property cache and the programmatic-launch switch, shared
+// by every entry point.
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -54,4 +55,12 @@ int current_device(DeviceInfo* info, const Err& err) {
   return QB_OK;
 }
 
+namespace {
+std::atomic<bool> g_programmatic{true};
+}  // namespace
+
+bool programmatic_launch() { return g_programmatic.load(std::memory_order_relaxed); }
+
 }  // namespace qb
+
+extern "C" void qb_set_programmatic_launch(int enabled) { qb::g_programmatic = enabled != 0; }

@@ -169,6 +169,7 @@ int plan(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldo,
   args->decomp = t_decomp;
   args->splits = t_splits;
   args->swizzle = t_swizzle;
+  args->programmatic = qb::programmatic_launch();
   return QB_OK;
 }
 

@@ -104,6 +104,13 @@ int qb_scaled_mm_config_count(int a_dtype, int variant);
 const char* qb_scaled_mm_config_name(int a_dtype, int variant, int config);
 void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzle);
 
+/* Process-wide, on by default, sm_90 and newer only: the SM90 scaled_mm kernels that need no
+ * workspace, and the single-kernel quantize modes (static per-tensor, dynamic per-token), are launched
+ * as programmatic dependents of the previous kernel in the stream (PDL), so their launch and prologue
+ * overlap its tail. Each waits for that kernel to finish (griddepcontrol.wait) before it touches
+ * global memory. 0 turns this off (plain stream-ordered launches). */
+void qb_set_programmatic_launch(int enabled);
+
 /* Quantize modes. */
 typedef enum qb_quant_mode {
   QB_QUANT_STATIC_TENSOR = 0,  /* scale is an input: one fp32 value */

@@ -20,7 +20,9 @@
   X(5, "128x128x128_coop", false, 128, 128, 128, 1, 1, Coop)       \
   X(6, "128x256x128_coop_c2x1", false, 128, 256, 128, 2, 1, Coop)  \
   X(7, "128x128x128_ping_c2x1", false, 128, 128, 128, 2, 1, Ping)  \
-  X(8, "256x128x128_coop_c2x1", false, 256, 128, 128, 2, 1, Coop)
+  X(8, "256x128x128_coop_c2x1", false, 256, 128, 128, 2, 1, Coop) \
+  X(9, "swap_64x128x128_ping", true, 64, 128, 128, 1, 1, Ping)     \
+  X(10, "swap_64x256x128_ping", true, 64, 256, 128, 1, 1, Ping)
 
 namespace qb::sm90 {
 
@@ -30,6 +32,7 @@ struct RunOpts {
   Decomp decomp = Decomp::DataParallel;
   int splits = 1;   // SplitK only
   int swizzle = 1;  // tile rasterization swizzle (1, 2, 4, 8): neighbouring CTAs share A/B tiles in L2
+  bool programmatic = false;  // launch as a programmatic dependent (PDL) of the previous kernel
 };
 
 struct ConfigInfo {

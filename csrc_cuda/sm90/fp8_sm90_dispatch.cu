@@ -34,10 +34,13 @@ double wave_efficiency(int64_t tiles, int sms) {
 }
 
 // Config, decomposition and swizzle by M bucket, from the H200 sweeps (bench_scaled_mm.py --tune):
-//   M <= 128  memory-bound: swapped persistent 64-row ping-pong tiles, as narrow on the token side
-//             as M allows (twice the CTAs of a 128-row tile, so more SMs stream the weight;
-//             stream-K's cross-CTA reduction cost more than it saved at these sizes).
-//   M <= 256  narrow N: swapped 128x64 cooperative tiles, stream-K heuristic.
+//   M <= 128  memory-bound: swapped persistent 64-row ping-pong tiles whose token side (16, 32, 64
+//             or 128) covers all of M, so each weight tile is read by one CTA, once (two CTAs
+//             sharing a weight tile made the time depend on their L2 reuse: up to 30 % slower);
+//             64-row tiles give twice the CTAs of 128-row ones, so more SMs stream the weight.
+//             Stream-K's cross-CTA reduction cost more than it saved at these sizes.
+//   M <= 256  N <= 4096: swapped 128x64 cooperative tiles (data-parallel); a last wave under 75 %
+//             full: 128x128 cooperative with stream-K; otherwise 128x128 ping-pong (cluster 2x1).
 //   larger    128x128 ping-pong (cluster 2x1); 128x256 cooperative with a swizzle of 8 for the big
 //             problems (M N K >= 2^39, or M >= 4096 with N, K >= 8192), where L2 reuse between
 //             concurrently running CTAs decides; 128x128 cooperative with stream-K when the tile
@@ -46,16 +49,23 @@ Plan pick_plan(const ScaledMmArgs& a) {
   Plan p{};
   const int sms = a.sm_count > 0 ? a.sm_count : 132;
   const int64_t tiles128 = cdiv(a.M, 256) * 2 * cdiv(a.N, 128);  // cluster 2x1: M tiles in pairs
+  const bool ragged_last_wave = tiles128 > sms && wave_efficiency(tiles128, sms) < 0.75;
   if (a.M <= 128) {
-    p.config = a.M <= 16 ? 0 : (a.M <= 32 || (a.M <= 64 && a.N >= 16384) ? 1 : 2);
-  } else if (a.M <= 256 && a.N <= 4096) {
-    p.config = 4;
-    p.opts.decomp = Decomp::Heuristic;
+    p.config = a.M <= 16 ? 0 : a.M <= 32 ? 1 : a.M <= 64 ? 2 : 9;
+  } else if (a.M <= 256) {
+    if (a.N <= 4096) {
+      p.config = 4;
+    } else if (ragged_last_wave) {
+      p.config = 5;
+      p.opts.decomp = Decomp::StreamK;
+    } else {
+      p.config = 7;
+    }
   } else if (double(a.M) * double(a.N) * double(a.K) >= 0x1p39 || (a.M >= 4096 && a.N >= 8192 && a.K >= 8192)) {
     p.config = 6;
     p.opts.decomp = Decomp::Heuristic;
     p.opts.swizzle = 8;
-  } else if (tiles128 > sms && wave_efficiency(tiles128, sms) < 0.75) {
+  } else if (ragged_last_wave) {
     p.config = 5;
     p.opts.decomp = Decomp::Heuristic;
   } else {
@@ -77,6 +87,9 @@ Plan make_plan(const ScaledMmArgs& a) {
     if (p.opts.decomp == Decomp::SplitK) p.opts.splits = a.splits > 1 ? a.splits : 2;
   }
   if (!kConfigs[p.config].streamk) p.opts.decomp = Decomp::DataParallel;
+  // Programmatic launch only for data-parallel runs: a stream-K run's workspace is reset by a
+  // separate operation just before it, which must stay an ordinary stream dependency.
+  p.opts.programmatic = a.programmatic && p.opts.decomp == Decomp::DataParallel;
   return p;
 }
 
@@ -96,7 +109,10 @@ int sm90_fp8_scaled_mm(const ScaledMmArgs& a, const Err& err) {
   const int tag = a.out_dtype == QB_F16;
   if (p.opts.decomp != sm90::Decomp::DataParallel) {
     const size_t need = sm90::kWs[p.config][tag](a, p.opts);
-    if (need > 0 && (a.workspace == nullptr || a.workspace_size < need)) p.opts.decomp = sm90::Decomp::DataParallel;
+    if (need > 0 && (a.workspace == nullptr || a.workspace_size < need)) {
+      p.opts.decomp = sm90::Decomp::DataParallel;
+      p.opts.programmatic = a.programmatic;
+    }
   }
   return sm90::kRun[p.config][tag](a, p.opts, err);
 }

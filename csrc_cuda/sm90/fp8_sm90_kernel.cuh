@@ -25,9 +25,30 @@
 
 #include "fp8_sm90_configs.h"
 
+// Programmatic launches (below) are safe only if CUTLASS's producers wait for the previous grid.
+#ifndef CUTLASS_GDC_ENABLED
+#error "the sm90 family must be compiled with -DCUTLASS_GDC_ENABLED (see CMakeLists.txt)"
+#endif
+
 namespace qb::sm90 {
 
 using namespace cute;
+
+// Programmatic dependent launch (PDL). Every CTA first signals that the next kernel in the stream
+// may start: when that kernel is launched as a programmatic dependent, its CTAs take the SMs this grid
+// leaves idle (or frees) and run their prologue (barrier set-up, TMA descriptor prefetch) early. The
+// CUTLASS kernels wait for the previous grid to finish (griddepcontrol.wait, compiled in by
+// CUTLASS_GDC_ENABLED) before their first global memory access, so no data is read or written early.
+// An ordinary launch ignores both instructions.
+template <class Base>
+struct EarlyTriggerKernel : Base {
+  CUTLASS_DEVICE void operator()(typename Base::Params const& params, char* smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    Base::operator()(params, smem);
+  }
+};
 
 template <class OutT_, class TileShape_, class ClusterShape_, class KernelSchedule_, class EpilogueSchedule_,
           class TileScheduler_, bool kSwap_>
@@ -77,7 +98,8 @@ struct Fp8Gemm {
       cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
       KernelSchedule_>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, TileScheduler_>;
+  using Kernel = EarlyTriggerKernel<
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, TileScheduler_>>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments make_args(const ScaledMmArgs& p, const RunOpts& o) {
@@ -175,7 +197,7 @@ struct Fp8Gemm {
       return err.set(QB_ERR_CUDA, "sm90 fp8 config %s: CUTLASS initialize failed: %s (CUDA: %s)", name,
                      cutlass::cutlassGetStatusString(st), cudaGetErrorString(e));
     }
-    st = gemm.run(p.stream);
+    st = gemm.run(p.stream, /*cuda_adapter=*/nullptr, o.programmatic);
     cudaError_t e = cudaGetLastError();
     if (st != cutlass::Status::kSuccess || e != cudaSuccess)
       return err.set(QB_ERR_CUDA, "sm90 fp8 config %s: kernel launch failed: %s (CUDA: %s)", name,

@@ -1,0 +1,49 @@
+"""Small-M FP8 GEMMs to run under Nsight Compute: qbackend's SM90 kernel and cuBLASLt's (torch._scaled_mm,
+tensorwise and rowwise), one launch each per shape, after a warm-up.
+
+    ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum,\
+dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,\
+sm__throughput.avg.pct_of_peak_sustained_elapsed -k regex:"gemm|device_kernel|nvjet" \
+        python bench/profile_small_m.py > ncu_small_m.csv
+
+ncu flushes the caches before each kernel by default, so each weight is read from HBM, as in a model.
+Each call runs twice (a warm-up, then the one to read), so each kernel appears twice in a row, in the
+order printed here (qbackend, tensorwise, rowwise per shape).
+"""
+from __future__ import annotations
+
+import torch
+
+from qbackend_providers import native
+
+F8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+POINTS = [(1, 4096, 4096), (1, 6144, 4096), (16, 10240, 8192), (1, 28672, 4096), (64, 57344, 8192),
+          (128, 28672, 4096)]
+
+
+def main() -> None:
+    g = torch.Generator(device="cuda")
+    g.manual_seed(0)
+    one = torch.ones((), device="cuda")
+    for M, N, K in POINTS:
+        a = (torch.randn(M, K, device="cuda", generator=g) * 2).to(F8)
+        w = (torch.randn(N, K, device="cuda", generator=g) * 2).to(F8)
+        sa = torch.rand(M, 1, device="cuda", generator=g) + 0.5
+        sb = torch.rand(1, N, device="cuda", generator=g) + 0.5
+        out = torch.empty(M, N, device="cuda", dtype=BF16)
+        calls = [("qbackend", lambda: native.scaled_mm(a, w.t(), sa, sb, None, out)),
+                 ("tensorwise", lambda: torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=BF16,
+                                                         use_fast_accum=True)),
+                 ("rowwise", lambda: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=BF16,
+                                                      use_fast_accum=True))]
+        for name, fn in calls:
+            fn()  # warm-up: lazy initialisation, not the profiled launch
+            torch.cuda.synchronize()
+            print(f"M={M} N={N} K={K} {name}", flush=True)
+            fn()
+            torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
