@@ -12,6 +12,8 @@ order printed here (qbackend, tensorwise, rowwise per shape).
 """
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 from qbackend_providers import native
@@ -23,10 +25,18 @@ POINTS = [(1, 4096, 4096), (1, 6144, 4096), (16, 10240, 8192), (1, 28672, 4096),
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--points", default="", help="M:N:K,... (default: the list above)")
+    ap.add_argument("--impls", default="qbackend,tensorwise,rowwise")
+    ap.add_argument("--config", type=int, default=-1, help="force this SM90 config for qbackend (data-parallel)")
+    args = ap.parse_args()
+    points = [tuple(int(v) for v in p.split(":")) for p in args.points.split(",")] if args.points else POINTS
+    if args.config >= 0:
+        native.override(args.config, 0, -1, 1)
     g = torch.Generator(device="cuda")
     g.manual_seed(0)
     one = torch.ones((), device="cuda")
-    for M, N, K in POINTS:
+    for M, N, K in points:
         a = (torch.randn(M, K, device="cuda", generator=g) * 2).to(F8)
         w = (torch.randn(N, K, device="cuda", generator=g) * 2).to(F8)
         sa = torch.rand(M, 1, device="cuda", generator=g) + 0.5
@@ -37,7 +47,7 @@ def main() -> None:
                                                          use_fast_accum=True)),
                  ("rowwise", lambda: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=BF16,
                                                       use_fast_accum=True))]
-        for name, fn in calls:
+        for name, fn in [c for c in calls if c[0] in args.impls.split(",")]:
             fn()  # warm-up: lazy initialisation, not the profiled launch
             torch.cuda.synchronize()
             print(f"M={M} N={N} K={K} {name}", flush=True)
