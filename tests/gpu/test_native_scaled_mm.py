@@ -283,6 +283,28 @@ def test_programmatic_launch_waits_for_the_previous_kernel(graphs):
            2.0 ** -7, 2.0 ** -9, 2e-2, "last step")
 
 
+def test_programmatic_launch_after_a_host_copy():
+    """A programmatic launch relaxes only kernel-to-kernel order: a GEMM right after an asynchronous
+    host-to-device copy of its input (a copy-engine operation, no kernel) must still see the copy."""
+    if not native.has_variant("scaled_mm_fp8", 90) or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("programmatic launches are used by the sm_90a kernels only")
+    M, N, K = 16, 4096, 8192
+    g = _gen()
+    w = (torch.randn(N, K, device=DEV, generator=g) * 2).to(F8)
+    sa, sb = torch.ones((), device=DEV), torch.ones((), device=DEV)
+    a = torch.empty(M, K, device=DEV, dtype=F8)
+    host = [(torch.randn(M, K) * (i + 1)).to(F8).pin_memory() for i in range(8)]
+    outs = [torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16) for _ in host]
+    for h, out in zip(host, outs):
+        a.copy_(h, non_blocking=True)          # cudaMemcpyAsync on the current stream
+        native.scaled_mm(a, w.t(), sa, sb, None, out)
+    torch.cuda.synchronize()
+    for i, (h, out) in enumerate(zip(host, outs)):
+        hd = h.to(DEV)
+        ref = hd.double() @ w.double().t()
+        _check(out, ref, hd.double().abs() @ w.double().abs().t(), 2.0 ** -7, 2.0 ** -9, 2e-2, f"copy {i}")
+
+
 def _expect_error(fn, *needles):
     with pytest.raises(RuntimeError) as ei:
         fn()
