@@ -1,8 +1,10 @@
 """End-to-end speed: a Llama-3-8B-shaped decoder, bf16 against fp8_dynamic through qbackend.
 
 The model is built from a config with random weights (transformers, nothing downloaded), 32 layers
-deep by default as Llama-3-8B is; the fp8 copy has every decoder Linear swapped for a QuantLinear
-(lm_head and embeddings stay bf16, as FP8 checkpoints ship them).
+deep by default as Llama-3-8B is, with q/k/v and gate/up merged into one projection each as serving
+engines run them (MergedProjection; --separate-projections keeps transformers' layout); the fp8 copy
+has every decoder Linear swapped for a QuantLinear (lm_head and embeddings stay bf16, as FP8
+checkpoints ship them).
 
   prefill:   tokens/s for a batch of 8 x 2048 tokens (no KV cache; logits for the last token only,
              as an engine computes them); with --compile measured again with each decoder layer
@@ -91,6 +93,58 @@ def build_model(config, device):
     finally:
         torch.set_default_dtype(default)
     return model.eval()
+
+
+class MergedProjection(torch.nn.Module):
+    """Several Linear layers that read the same input, as one GEMM: the layout serving engines use
+    for q/k/v and for gate/up (Llama-3-8B's merged shapes are (6144, 4096) and (28672, 4096)). It
+    takes the first layer's place and returns its slice; `MergedSlice` modules take the others'
+    places and return theirs from the same product, so the model's own forward is unchanged."""
+
+    def __init__(self, linears):
+        super().__init__()
+        first = linears[0]
+        self.proj = torch.nn.Linear(first.in_features, sum(lin.out_features for lin in linears),
+                                    bias=first.bias is not None, device=first.weight.device,
+                                    dtype=first.weight.dtype)
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.cat([lin.weight for lin in linears]))
+            if first.bias is not None:
+                self.proj.bias.copy_(torch.cat([lin.bias for lin in linears]))
+        self.sizes = [lin.out_features for lin in linears]
+        self.source, self.slices = None, ()
+
+    def forward(self, x):
+        first, *rest = self.proj(x).split(self.sizes, dim=-1)
+        self.source, self.slices = x, tuple(rest)
+        return first
+
+
+class MergedSlice(torch.nn.Module):
+    def __init__(self, merged: MergedProjection, index: int):
+        super().__init__()
+        self.merged = [merged]  # a list: not a second registration of the same submodule
+        self.index = index
+
+    def forward(self, x):
+        merged = self.merged[0]
+        if merged.source is not x:
+            raise RuntimeError("MergedSlice: called with another input than its merged projection")
+        part = merged.slices[self.index - 1]
+        if self.index == len(merged.slices):  # the last slice: let go of the activations
+            merged.source, merged.slices = None, ()
+        return part
+
+
+def merge_projections(model) -> None:
+    """q/k/v and gate/up of every decoder layer merged into one projection each, in place."""
+    for layer in model.model.layers:
+        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj")),
+                              (layer.mlp, ("gate_proj", "up_proj"))):
+            merged = MergedProjection([getattr(parent, n) for n in names])
+            setattr(parent, names[0], merged)
+            for i, n in enumerate(names[1:], start=1):
+                setattr(parent, n, MergedSlice(merged, i))
 
 
 class Timer:
@@ -304,6 +358,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="a small config, to test the script")
     ap.add_argument("--out", default="bench/results/e2e_h200.json")
+    ap.add_argument("--separate-projections", action="store_true",
+                    help="keep q/k/v and gate/up as separate layers (default: merged, as engines run them)")
     ap.add_argument("--profile", action="store_true", help="print where a decode step spends GPU time, then exit")
     ap.add_argument("--compile", action="store_true",
                     help="also time prefill with each decoder layer under torch.compile (reported as the prefill; "
@@ -313,6 +369,8 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     config = llama3_8b_config(args.layers, args.tiny)
     bf16 = build_model(config, device)
+    if not args.separate_projections:
+        merge_projections(bf16)
     fp8 = quantize_model(copy.deepcopy(bf16), "fp8_dynamic", ignore=["lm_head"])
     if args.profile:
         profile_decode({"bf16": bf16, "fp8": fp8}, config, args.decode_batches, args.context, device)
@@ -320,6 +378,7 @@ def main(argv=None) -> int:
     notes = []
     result = {
         "model": f"Llama-3-8B-shaped, {args.layers} layers, random weights{' (tiny)' if args.tiny else ''}",
+        "projections": "separate" if args.separate_projections else "q/k/v and gate/up merged",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "qbackend": qbackend.__version__,
         "config": {k: getattr(config, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
