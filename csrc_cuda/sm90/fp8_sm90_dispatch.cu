@@ -35,8 +35,8 @@ double wave_efficiency(int64_t tiles, int sms) {
 
 // Config, decomposition and swizzle by M bucket, from the H200 sweeps (bench_scaled_mm.py --tune):
 //   M <= 128  memory-bound: swapped persistent 64-row ping-pong tiles whose token side (16, 32, 64
-//             or 128) covers all of M, so each weight tile is read by one CTA, once (two CTAs
-//             sharing a weight tile made the time depend on their L2 reuse: up to 30 % slower);
+//             or 128) covers all of M, so each weight tile is read by one CTA, once (tiles that
+//             two CTAs read were measured up to 30 % slower);
 //             64-row tiles give twice the CTAs of 128-row ones, so more SMs stream the weight.
 //             Stream-K's cross-CTA reduction cost more than it saved at these sizes.
 //   M <= 256  N <= 4096: swapped 128x64 cooperative tiles (data-parallel); a last wave under 75 %
