@@ -406,11 +406,8 @@ int launch(const QuantArgs& a, const qb::Err& err) {
       if (e != cudaSuccess) return err.cuda(e, "qb_quantize: kernel launch");
     }
   } else if (a.mode == QB_QUANT_STATIC_TENSOR) {
-    const float* no_scale_ub = nullptr;
-    float* no_scale_out = nullptr;
-    const unsigned* no_amax = nullptr;
     cudaError_t e = launch_kernel(elementwise_kernel<T, VEC, QD, false>, grid_ew, threads, a, x, a.ldx, a.q, a.ldq,
-                                  a.rows, nvec, a.scale, no_amax, no_scale_ub, no_scale_out);
+                                  a.rows, nvec, a.scale, nullptr, nullptr, nullptr);
     if (e != cudaSuccess) return err.cuda(e, "qb_quantize: kernel launch");
   } else {
     unsigned* acc = static_cast<unsigned*>(a.workspace ? a.workspace : static_cast<void*>(a.scale));

@@ -87,9 +87,6 @@ Plan make_plan(const ScaledMmArgs& a) {
     if (p.opts.decomp == Decomp::SplitK) p.opts.splits = a.splits > 1 ? a.splits : 2;
   }
   if (!kConfigs[p.config].streamk) p.opts.decomp = Decomp::DataParallel;
-  // Programmatic launch only for data-parallel runs: a stream-K run's workspace is reset by a
-  // separate operation just before it, which must stay an ordinary stream dependency.
-  p.opts.programmatic = a.programmatic && p.opts.decomp == Decomp::DataParallel;
   return p;
 }
 
@@ -109,11 +106,11 @@ int sm90_fp8_scaled_mm(const ScaledMmArgs& a, const Err& err) {
   const int tag = a.out_dtype == QB_F16;
   if (p.opts.decomp != sm90::Decomp::DataParallel) {
     const size_t need = sm90::kWs[p.config][tag](a, p.opts);
-    if (need > 0 && (a.workspace == nullptr || a.workspace_size < need)) {
-      p.opts.decomp = sm90::Decomp::DataParallel;
-      p.opts.programmatic = a.programmatic;
-    }
+    if (need > 0 && (a.workspace == nullptr || a.workspace_size < need)) p.opts.decomp = sm90::Decomp::DataParallel;
   }
+  // Programmatic launch only for data-parallel runs: a stream-K run's workspace is reset by a
+  // separate operation just before it, which must stay an ordinary stream dependency.
+  p.opts.programmatic = a.programmatic && p.opts.decomp == sm90::Decomp::DataParallel;
   return sm90::kRun[p.config][tag](a, p.opts, err);
 }
 
