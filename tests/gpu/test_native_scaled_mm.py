@@ -42,6 +42,8 @@ SHAPES = [(512, 28672), (4096, 14336), (6144, 4096), (2064, 1040), (16, 16)]
 FP8_VARIANTS = [v for v in (90, 89) if native.has_variant("scaled_mm_fp8", v)]
 INT8_VARIANTS = [v for v in (80, 75) if native.has_variant("scaled_mm_int8", v)]
 OUT_DTYPES = [torch.bfloat16, torch.float16]
+SM90_ONLY = pytest.mark.skipif(90 not in FP8_VARIANTS or torch.cuda.get_device_capability() != (9, 0),
+                               reason="programmatic launches are used by the sm_90a kernels only")
 R_OUT = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -9}
 
 
@@ -229,13 +231,12 @@ def test_cuda_graph_quantize_then_mm():
            2.0 ** -9, 2e-2, "graph replay")
 
 
+@SM90_ONLY
 @pytest.mark.parametrize("graphs", [False, True])
 def test_programmatic_launch_waits_for_the_previous_kernel(graphs):
     """SM90 kernels launched as programmatic dependents must not read their inputs before the kernel
     before them has written them: a chain of quantize -> scaled_mm steps sharing one quantized buffer
     gives bit-identical results with programmatic launches on and off (and matches the oracle)."""
-    if not native.has_variant("scaled_mm_fp8", 90) or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("programmatic launches are used by the sm_90a kernels only")
     M, N, K, steps = 48, 4096, 14336, 6
     g = _gen()
     xs = [torch.randn(M, K, device=DEV, generator=g, dtype=torch.bfloat16) * (i + 1) for i in range(steps)]
@@ -283,11 +284,10 @@ def test_programmatic_launch_waits_for_the_previous_kernel(graphs):
            2.0 ** -7, 2.0 ** -9, 2e-2, "last step")
 
 
+@SM90_ONLY
 def test_programmatic_launch_after_a_host_copy():
     """A programmatic launch relaxes only kernel-to-kernel order: a GEMM right after an asynchronous
     host-to-device copy of its input (a copy-engine operation, no kernel) must still see the copy."""
-    if not native.has_variant("scaled_mm_fp8", 90) or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("programmatic launches are used by the sm_90a kernels only")
     M, N, K = 16, 4096, 8192
     g = _gen()
     w = (torch.randn(N, K, device=DEV, generator=g) * 2).to(F8)
