@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|qbench|bench|mbench|e2e|ncu|memcheck]...
+#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|qbench|bench|mbench|e2e|ncu|ncu_detail|memcheck]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -43,6 +43,12 @@ for step in $steps; do
       timeout 200 ncu --clock-control none --csv --page raw -k regex:"gemm|device_kernel|nvjet" --metrics \
         gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,sm__throughput.avg.pct_of_peak_sustained_elapsed \
         python3 bench/profile_small_m.py > "$OUT/ncu_small_m.csv" 2>&1; tail -3 "$OUT/ncu_small_m.csv" ;;
+    ncu_detail)  # full sections for one small-M point against cuBLASLt, and config 3 at N = 10240
+      S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy --section SchedulerStats"
+      timeout 200 ncu --clock-control none $S -k regex:"device_kernel|nvjet" python3 bench/profile_small_m.py \
+        --points 1:4096:4096 --impls qbackend,tensorwise > "$OUT/ncu_detail_m1_4096x4096_h200.txt" 2>&1
+      timeout 200 ncu --clock-control none $S -k regex:"device_kernel|nvjet" python3 bench/profile_small_m.py \
+        --points 16:10240:8192 --config 3 --impls qbackend,tensorwise > "$OUT/ncu_detail_m16_10240x8192_cfg3_h200.txt" 2>&1 ;;
     memcheck)
       timeout 240 compute-sanitizer --tool memcheck python3 tests/gpu/memcheck_native.py 2>&1 | tail -8 ;;
   esac
