@@ -12,7 +12,7 @@ weights from HBM; one CUDA graph holds one call per copy; bench_scaled_mm.graph_
 about 20 ms per trial, 5 trials, and the median trial gives microseconds per call. marlin runs with
 per-channel scales and no bias (what an FP8 checkpoint has), with a workspace allocated up front as an engine would.
 --tune also times the sm80 kernel's pipeline depth (stages) and resident blocks per multiprocessor at
-M = 1 and 16 on three shapes.
+M = 1 and 16 on every shape timed (narrow it with --shapes).
 """
 import argparse
 import json
@@ -93,9 +93,9 @@ def main():
                 print(f"    cutlass W8A8 incl. activation quantization {t_c:8.2f}us", flush=True)
             print(f"M={M:4d} N={N:5d} K={K:5d} | marlin {t_m:8.2f}us ({N * K / t_m / 1e6:4.2f} TB/s) | "
                   f"bf16 mm {t_b:8.2f}us ({2 * N * K / t_b / 1e6:4.2f} TB/s) | speed-up {t_b / t_m:5.2f}x", flush=True)
-            if args.tune and (N, K) in ((28672, 4096), (57344, 8192), (4096, 4096)) and M in (1, 16):
+            if args.tune and M in (1, 16):
                 for bps in (1, 2):
-                    for st in (3, 4, 6, 8):
+                    for st in (3, 4, 5, 6, 8):
                         t = graph_time([lambda p=p: mn.mm(a, p, scale, None, out, N, K, variant=args.variant,
                                                           workspace=ws, stages=st, blocks_per_sm=bps)
                                         for p in packed])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|qbench|bench|mbench|e2e|ncu|ncu_detail|memcheck]...
+#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|qbench|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|memcheck|racecheck]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -49,8 +49,16 @@ for step in $steps; do
         --points 1:4096:4096 --impls qbackend,tensorwise > "$OUT/ncu_detail_m1_4096x4096_h200.txt" 2>&1
       timeout 200 ncu --clock-control none $S -k regex:"device_kernel|nvjet" python3 bench/profile_small_m.py \
         --points 16:10240:8192 --config 3 --impls qbackend,tensorwise > "$OUT/ncu_detail_m16_10240x8192_cfg3_h200.txt" 2>&1 ;;
+    ncu_marlin)  # full sections for the marlin sm80 kernel and bf16 torch.mm on three small-M points
+      S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy --section SchedulerStats --section InstructionStats --section SourceCounters"
+      timeout 200 ncu --clock-control none $S --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
+        -k regex:"marlin_mm|gemm|nvjet" python3 bench/profile_marlin.py \
+        > "$OUT/ncu_marlin_h200.txt" 2>&1 ;;
     memcheck)
       timeout 240 compute-sanitizer --tool memcheck python3 tests/gpu/memcheck_native.py 2>&1 | tail -8 ;;
+    racecheck)  # shared-memory hazards and barrier misuse in the marlin kernels
+      timeout 240 compute-sanitizer --tool racecheck python3 tests/gpu/memcheck_native.py marlin 2>&1 | tail -4
+      timeout 240 compute-sanitizer --tool synccheck python3 tests/gpu/memcheck_native.py marlin 2>&1 | tail -4 ;;
   esac
   echo "== step $step took $(( $(date +%s) - t0 )) s"
 done

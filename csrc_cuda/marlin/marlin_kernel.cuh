@@ -59,21 +59,27 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // magnitudes up by 7 and the signs up by 1. bf16 wants the magnitude 3 bits lower than fp16.
 template <bool BF16>
 __device__ __forceinline__ void decode_word(uint32_t w, uint32_t& ab, uint32_t& cd) {
-  uint32_t x, y;
   if constexpr (!BF16) {
-    x = w & 0xBF80BF80u;
-    y = ((w << 7) & 0x3F803F80u) | ((w << 1) & 0x80008000u);
-    const uint32_t k256 = 0x5C005C00u;  // fp16 2^8 in both halves
-    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(ab) : "r"(x), "r"(k256));
-    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(cd) : "r"(y), "r"(k256));
+    // fp16: the decoded halves are the weights times 2^-8 (fp16 subnormals included, which the tensor
+    // cores take as they are); the epilogue multiplies the fp32 sums by 2^8 (decode_scale).
+    ab = w & 0xBF80BF80u;
+    cd = ((w << 7) & 0x3F803F80u) | ((w << 1) & 0x80008000u);
   } else {
-    x = (w & 0x80008000u) | ((w >> 3) & 0x07F007F0u);
-    y = ((w << 1) & 0x80008000u) | ((w << 4) & 0x07F007F0u);
+    // bf16: the factor 2^120 cannot move to the epilogue (a * w * 2^-120 would leave the fp32 normal
+    // range in the products), so one bf16x2 multiply per half2 restores the value.
+    const uint32_t x = (w & 0x80008000u) | ((w >> 3) & 0x07F007F0u);
+    const uint32_t y = ((w << 1) & 0x80008000u) | ((w << 4) & 0x07F007F0u);
     const uint32_t k2p120 = 0x7B807B80u;  // bf16 2^120 in both halves
     const uint32_t mzero = 0x80008000u;   // -0: x * c + (-0) == x * c exactly, signed zeros kept
     asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(ab) : "r"(x), "r"(k2p120), "r"(mzero));
     asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(cd) : "r"(y), "r"(k2p120), "r"(mzero));
   }
+}
+
+// What the fp32 sums of fp16 decodes are multiplied by in the epilogue (see decode_word).
+template <bool BF16>
+__device__ __forceinline__ float decode_scale() {
+  return BF16 ? 1.f : 256.f;
 }
 
 // ---- tensor core and shared-memory helpers ------------------------------------------------------
@@ -235,6 +241,14 @@ struct Block {
     return static_cast<uint32_t>(row * S::kARowBytes + ((ch ^ (row & 7)) << 4));
   }
 
+  // Index (in 16-byte pieces inside a tile) of piece pc of this lane's fragments for its k16 step s:
+  // fragment block fb = (n half h, k16 step) holds 64 pieces, 32 columns (one piece per lane) each.
+  __device__ __forceinline__ int w_piece(int s, int pc) const {
+    const int h = WN == 2 ? wn : (wn >> 1);
+    const int c0 = WN == 2 ? 0 : (wn & 1);
+    return (h * 8 + wk * KSW + s) * 64 + (c0 + pc) * 32 + lane;
+  }
+
   // Column (inside the 128-wide tile) of n8 block j of this warp.
   __device__ __forceinline__ int col0(int j) const { return wn * (JN * 8) + j * 8; }
 
@@ -244,16 +258,12 @@ struct Block {
     const uint32_t a_base = smem_addr(stage + kTileBytes);
     const int lrow = (lane & 7) + ((lane >> 3) & 1) * 8;
     const int lch = lane >> 4;
-    // fragment block of k16 step ks: half h (64 columns), piece c (32 columns) of each lane's 32 bytes
-    const int h = WN == 2 ? wn : (wn >> 1);
-    const int c0 = WN == 2 ? 0 : (wn & 1);
 #pragma unroll
     for (int s = 0; s < KSW; ++s) {
       const int ks = wk * KSW + s;  // k16 step inside the tile
-      const int fb = h * 8 + ks;
       uint4 q[PIECES];
 #pragma unroll
-      for (int pc = 0; pc < PIECES; ++pc) q[pc] = wsm[fb * 64 + (c0 + pc) * 32 + lane];
+      for (int pc = 0; pc < PIECES; ++pc) q[pc] = wsm[w_piece(s, pc)];
       uint32_t af[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) ldsm_x4(af[mt], a_base + a_offset(mt * 16 + lrow, ks * 2 + lch));
@@ -283,6 +293,8 @@ struct Block {
       } else {
         s0 = s1 = __ldg(p.scale);
       }
+      s0 *= decode_scale<BF16>();  // a power of two: exact, so acc * s is the true product rounded once
+      s1 *= decode_scale<BF16>();
       float2 bv = make_float2(0.f, 0.f);
       if (p.bias) bv = act2_to_float2<BF16>(__ldg(reinterpret_cast<const uint32_t*>(p.bias + 2 * (int64_t)n)));
 #pragma unroll
@@ -414,52 +426,82 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
   int seg_kt0 = u0 % p.KT;  // k tile where the current segment started
 
   if constexpr (ARCH >= 80) {
+    // Each warp runs its own pipeline: every lane copies (cp.async) exactly the weight pieces it will
+    // read itself, so weights need no barrier at all; the WN warps that share k16 steps (one "k group")
+    // split the copying of their activation slice and meet at a named barrier once per tile. No
+    // block-wide barrier until a segment ends. Loads walk forward with pointer increments: tile u's
+    // weights are the 16 KiB after tile u - 1's, and activations move 256 bytes (one k tile) per
+    // tile, back to k tile 0 where a new output column starts.
+    using B = Block<MT, BF16, ARCH>;
+    constexpr int kGroupThreads = 32 * B::WN;
+    constexpr int kGroupChunks = 2 * B::KSW;  // 16-byte activation chunks per row of a k group's slice
     const int nst = p.stages;
-    auto load = [&](int u, int kt, uint8_t* stage) {
-      const uint8_t* src = p.w + (size_t)u * kTileBytes;
-      const uint32_t dst = smem_addr(stage);
+    const uint32_t ring_bytes = static_cast<uint32_t>(nst * S::kStageBytes);
+    const uint32_t smem0 = smem_addr(smem);
+    const int wk = blk.wk;
+    const int group_lane = blk.wn * 32 + blk.lane;
+    const uint8_t* wsrc = p.w + (size_t)u0 * kTileBytes + blk.w_piece(0, 0) * 16;
+    const uint32_t wdst = static_cast<uint32_t>(blk.w_piece(0, 0) * 16);
+    const uint8_t* arow[MT];  // this lane's activation pieces (row, chunk) at k tile 0
+    uint32_t adst[MT];
+    int achunk_k[MT];         // the piece's first k inside a k tile
+    bool arow_ok[MT];
 #pragma unroll
-      for (int c = 0; c < kTileBytes / 16 / kThreads; ++c) {
-        const int off = (c * kThreads + tid) * 16;
-        cp_async_16(dst + off, src + off);
-      }
-      const uint32_t adst = dst + kTileBytes;
-#pragma unroll
-      for (int c = 0; c < MT; ++c) {  // MT * 16 rows x 16 pieces = MT * 256 pieces
-        const int row = c * 16 + (tid >> 4), ch = tid & 15;
-        const int k = kt * kTileK + ch * 8;
-        const bool valid = row < p.M && k < p.K;
-        const uint8_t* asrc = valid ? p.a + row * p.lda_bytes + 2 * (int64_t)k : p.a;
-        cp_async_16_zfill(adst + Block<MT, BF16, ARCH>::a_offset(row, ch), asrc, valid);
-      }
-    };
-    int lkt = seg_kt0;  // k tile of the next tile to load
-    for (int s = 0; s < nst - 1; ++s) {
-      if (s < n) load(u0 + s, lkt, smem + s * S::kStageBytes);
-      lkt = (lkt + 1 == p.KT) ? 0 : lkt + 1;
-      cp_async_commit();
+    for (int c = 0; c < MT; ++c) {  // MT * 16 rows x kGroupChunks chunks = MT pieces per group lane
+      const int piece = group_lane + c * kGroupThreads;
+      const int row = piece / kGroupChunks;
+      const int chunk = wk * kGroupChunks + piece % kGroupChunks;
+      arow_ok[c] = row < p.M;
+      arow[c] = p.a + (arow_ok[c] ? row * p.lda_bytes : 0) + chunk * 16;
+      adst[c] = kTileBytes + B::a_offset(row, chunk);
+      achunk_k[c] = chunk * 8;
     }
-    int rd = 0, wr = nst - 1;
-    int t = u0 / p.KT, kt = seg_kt0;  // tile computed in this iteration
-    for (int i = 0; i < n; ++i) {
-      cp_async_wait_dyn(nst - 2);
-      __syncthreads();
-      if (i + nst - 1 < n) load(u0 + i + nst - 1, lkt, smem + wr * S::kStageBytes);
-      lkt = (lkt + 1 == p.KT) ? 0 : lkt + 1;
-      cp_async_commit();
-      uint8_t* stage = smem + rd * S::kStageBytes;
-      blk.compute(stage);
-      if (kt == p.KT - 1 || i == n - 1) {
-        blk.finish_segment(stage, t, seg_kt0 == 0 && kt == p.KT - 1, u0, &s_flag);
-        blk.zero_acc();
-        seg_kt0 = 0;
+    int lkt = seg_kt0;   // k tile of the next tile to load
+    int loads_left = n;  // tiles not yet loaded
+    uint32_t wr = 0;     // byte offset of the stage the next load fills
+    auto load_next = [&]() {
+      if (loads_left > 0) {
+        const uint32_t dst = smem0 + wr;
+#pragma unroll
+        for (int s = 0; s < B::KSW; ++s)
+#pragma unroll
+          for (int pc = 0; pc < B::PIECES; ++pc)  // w_piece(s, pc) - w_piece(0, 0) = s * 64 + pc * 32
+            cp_async_16(dst + wdst + (s * 64 + pc * 32) * 16, wsrc + (s * 64 + pc * 32) * 16);
+#pragma unroll
+        for (int c = 0; c < MT; ++c) {
+          const bool valid = arow_ok[c] && lkt * kTileK + achunk_k[c] < p.K;
+          cp_async_16_zfill(dst + adst[c], valid ? arow[c] + lkt * (kTileK * 2) : p.a, valid);
+        }
+        wsrc += kTileBytes;
+        --loads_left;
+        lkt = (lkt + 1 == p.KT) ? 0 : lkt + 1;
       }
-      if (++kt == p.KT) {
-        kt = 0;
-        ++t;
+      wr = (wr + S::kStageBytes == ring_bytes) ? 0 : wr + S::kStageBytes;
+      cp_async_commit();  // an empty group past the end keeps the wait count uniform
+    };
+    for (int s = 0; s < nst - 1; ++s) load_next();
+    uint32_t rd = 0;  // byte offset of the stage computed next
+    int i = 0, t = u0 / p.KT, kt = seg_kt0;
+    // One pass per segment (the run's tiles of one output column): a tight inner loop over its tiles,
+    // then the segment's reduction and epilogue.
+    while (i < n) {
+      const int seg_len = min(n - i, p.KT - kt);
+      for (int j = 0; j < seg_len; ++j) {
+        cp_async_wait_dyn(nst - 2);  // this lane's copies of the tile have landed
+        // The k group's activation pieces have landed, and every warp of the group is done with the
+        // stage the next load refills (it computed from it in the previous iteration).
+        named_barrier_sync(2 + wk, kGroupThreads);
+        load_next();
+        blk.compute(smem + rd);
+        rd = (rd + S::kStageBytes == ring_bytes) ? 0 : rd + S::kStageBytes;
       }
-      rd = (rd + 1 == nst) ? 0 : rd + 1;
-      wr = (wr + 1 == nst) ? 0 : wr + 1;
+      uint8_t* last = smem + (rd == 0 ? ring_bytes : rd) - S::kStageBytes;  // the stage just computed
+      blk.finish_segment(last, t, kt == 0 && seg_len == p.KT, u0, &s_flag);
+      blk.zero_acc();
+      __syncthreads();  // the reduction buffer (`last`) is read before any warp's next load refills it
+      i += seg_len;
+      ++t;
+      kt = 0;
     }
     cp_async_wait<0>();
   } else {

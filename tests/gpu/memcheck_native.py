@@ -1,43 +1,76 @@
 """A short workload for `compute-sanitizer --tool memcheck` over libqbackend_cuda's kernels.
 
-    compute-sanitizer --tool memcheck python tests/gpu/memcheck_native.py
+    compute-sanitizer --tool memcheck python tests/gpu/memcheck_native.py [scaled_mm] [quantize] [marlin]
 
-Runs every built scaled_mm family (partial tiles in M, N and K, sliced A, bias, split-K) and every
-quantize mode (vector and scalar paths, sliced rows) once; prints "memcheck workload done". The
-sanitizer's own summary ("ERROR SUMMARY: 0 errors") is the verdict. Not collected by pytest.
+Runs every built scaled_mm family (partial tiles in M, N and K, sliced A, bias, split-K), every
+quantize mode (vector and scalar paths, sliced rows) and both marlin families (every m16-tile count,
+partial tiles, split-K with several contributors per column, sliced A) once; prints "memcheck
+workload done". The sanitizer's own summary ("ERROR SUMMARY: 0 errors") is the verdict; the same
+workload serves `--tool racecheck` and `--tool synccheck`. Arguments narrow it to some of its parts
+(default: all). Not collected by pytest.
 """
+import sys
 
 import torch
 
+from qbackend_providers import marlin_native as mn
 from qbackend_providers import native
 
 F8 = torch.float8_e4m3fn
 dev = "cuda"
-for dtype, variants in ((F8, (90, 89)), (torch.int8, (80, 75))):
-    for v in variants:
-        if not native.has_variant("scaled_mm_fp8" if dtype == F8 else "scaled_mm_int8", v):
+parts = sys.argv[1:] or ["scaled_mm", "quantize", "marlin"]
+
+
+def scaled_mm_part():
+    for dtype, variants in ((F8, (90, 89)), (torch.int8, (80, 75))):
+        for v in variants:
+            if not native.has_variant("scaled_mm_fp8" if dtype == F8 else "scaled_mm_int8", v):
+                continue
+            for M, N, K in ((1, 4096, 4096), (17, 2064, 1040), (300, 1040, 272)):
+                a_big = (torch.randn(M, K + 32, device=dev) * 2).to(dtype)
+                a = a_big[:, 16:16 + K]
+                w = (torch.randn(N, K, device=dev) * 2).to(dtype)
+                out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+                sa, sb = torch.rand(M, 1, device=dev) + 0.5, torch.rand(1, N, device=dev) + 0.5
+                bias = torch.randn(N, device=dev, dtype=torch.bfloat16)
+                native.scaled_mm(a, w.t(), sa, sb, bias, out, variant=v)
+                native.scaled_mm(a, w.t(), sa[0], sb[0, 0], None, out, variant=v)
+                torch.cuda.synchronize()
+
+
+def quantize_part():
+    for xdtype in (torch.bfloat16, torch.float16, torch.float32):
+        for qdtype in (F8, torch.float8_e5m2, torch.int8):
+            for rows, cols, off in ((7, 4096, 0), (5, 1001, 1), (3, 20000, 0)):
+                x = torch.randn(rows, cols + off + 8, device=dev).to(xdtype)[:, off:off + cols]
+                q = torch.empty(rows, cols, device=dev, dtype=qdtype)
+                s = torch.empty(rows, 1, device=dev)
+                native.quantize(x, q, s, native.DYNAMIC_TOKEN)
+                s1 = torch.empty(1, device=dev)
+                native.quantize(x, q, s1, native.DYNAMIC_TENSOR)
+                ws = torch.empty(16, dtype=torch.uint8, device=dev)
+                native.quantize(x, q, s1, native.DYNAMIC_TENSOR, None, ws)
+                native.quantize(x, q, s1, native.STATIC_TENSOR)
+
+
+def marlin_part():
+    for v in (80, 75):
+        if mn.load() is None or not mn.has_variant(v):
             continue
-        for M, N, K in ((1, 4096, 4096), (17, 2064, 1040), (300, 1040, 272)):
-            a_big = (torch.randn(M, K + 32, device=dev) * 2).to(dtype)
-            a = a_big[:, 16:16 + K]
-            w = (torch.randn(N, K, device=dev) * 2).to(dtype)
-            out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
-            sa, sb = torch.rand(M, 1, device=dev) + 0.5, torch.rand(1, N, device=dev) + 0.5
-            bias = torch.randn(N, device=dev, dtype=torch.bfloat16)
-            native.scaled_mm(a, w.t(), sa, sb, bias, out, variant=v)
-            native.scaled_mm(a, w.t(), sa[0], sb[0, 0], None, out, variant=v)
-            torch.cuda.synchronize()
-for xdtype in (torch.bfloat16, torch.float16, torch.float32):
-    for qdtype in (F8, torch.float8_e5m2, torch.int8):
-        for rows, cols, off in ((7, 4096, 0), (5, 1001, 1), (3, 20000, 0)):
-            x = torch.randn(rows, cols + off + 8, device=dev).to(xdtype)[:, off:off + cols]
-            q = torch.empty(rows, cols, device=dev, dtype=qdtype)
-            s = torch.empty(rows, 1, device=dev)
-            native.quantize(x, q, s, native.DYNAMIC_TOKEN)
-            s1 = torch.empty(1, device=dev)
-            native.quantize(x, q, s1, native.DYNAMIC_TENSOR)
-            ws = torch.empty(16, dtype=torch.uint8, device=dev)
-            native.quantize(x, q, s1, native.DYNAMIC_TENSOR, None, ws)
-            native.quantize(x, q, s1, native.STATIC_TENSOR)
+        for dtype in ((torch.float16, torch.bfloat16) if v == 80 else (torch.float16,)):
+            for M, N, K in ((1, 1024, 4096), (17, 264, 1040), (40, 128, 136), (64, 520, 392), (100, 136, 2056)):
+                codes = torch.randint(0, 256, (N, K), dtype=torch.uint8, device=dev)
+                w = torch.where((codes & 0x7F) == 0x7F, codes ^ 1, codes).view(F8)
+                a = torch.randn(M, K + 16, device=dev).to(dtype)[:, 8:8 + K]
+                out = torch.empty(M, N, device=dev, dtype=dtype)
+                bias = torch.randn(N, device=dev).to(dtype)
+                packed = mn.prepare(w)
+                mn.mm(a, packed, torch.rand(N, device=dev) + 0.5, bias, out, N, K, variant=v)
+                mn.mm(a, packed, torch.rand(1, device=dev) + 0.5, None, out, N, K, variant=v)
+
+
+for name, part in (("scaled_mm", scaled_mm_part), ("quantize", quantize_part), ("marlin", marlin_part)):
+    if name in parts:
+        part()
 torch.cuda.synchronize()
 print("memcheck workload done")
