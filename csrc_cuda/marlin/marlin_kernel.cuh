@@ -165,6 +165,14 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   return r;
 }
 
+// atomicAdd with acquire-release semantics at GPU scope (orders this thread's, and through a
+// preceding barrier its block's, earlier writes before the add; later reads after it).
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* ptr, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(ptr), "r"(v) : "memory");
+  return old;
+}
+
 __device__ __forceinline__ float2 ldcg_f2(const float* p) { return __ldcg(reinterpret_cast<const float2*>(p)); }
 
 template <bool BF16>
@@ -279,32 +287,49 @@ struct Block {
     }
   }
 
+  // The epilogue's per-column operands for the columns of tile t this lane writes: scale (times the
+  // decode factor, a power of two, so acc * s is still the true product rounded once) and bias.
+  // Loaded when a segment ends, before its reduction, so the loads overlap it.
+  struct EpilogueOperands {
+    float2 scale[JN];
+    float2 bias[JN];
+  };
+
+  __device__ __forceinline__ void load_epilogue_operands(int t, EpilogueOperands& e) const {
+    const int q = lane & 3;
+#pragma unroll
+    for (int j = 0; j < JN; ++j) {
+      const int n = t * kTileN + col0(j) + 2 * q;
+      e.scale[j] = make_float2(0.f, 0.f);
+      e.bias[j] = make_float2(0.f, 0.f);
+      if (n >= p.N) continue;  // N % 8 == 0: n < N implies n + 1 < N
+      if (p.scale_per_col) {
+        e.scale[j] = make_float2(__ldg(p.scale + n), __ldg(p.scale + n + 1));
+      } else {
+        const float s = __ldg(p.scale);
+        e.scale[j] = make_float2(s, s);
+      }
+      e.scale[j].x *= decode_scale<BF16>();
+      e.scale[j].y *= decode_scale<BF16>();
+      if (p.bias) e.bias[j] = act2_to_float2<BF16>(__ldg(reinterpret_cast<const uint32_t*>(p.bias + 2 * (int64_t)n)));
+    }
+  }
+
   // out = acc * scale + bias for the columns of tile t this warp owns (wk == 0 warps only).
-  __device__ __forceinline__ void epilogue(int t) {
+  __device__ __forceinline__ void epilogue(int t, const EpilogueOperands& e) {
     const int g = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int j = 0; j < JN; ++j) {
       const int n = t * kTileN + col0(j) + 2 * q;
-      if (n >= p.N) continue;  // N % 8 == 0: n < N implies n + 1 < N
-      float s0, s1;
-      if (p.scale_per_col) {
-        s0 = __ldg(p.scale + n);
-        s1 = __ldg(p.scale + n + 1);
-      } else {
-        s0 = s1 = __ldg(p.scale);
-      }
-      s0 *= decode_scale<BF16>();  // a power of two: exact, so acc * s is the true product rounded once
-      s1 *= decode_scale<BF16>();
-      float2 bv = make_float2(0.f, 0.f);
-      if (p.bias) bv = act2_to_float2<BF16>(__ldg(reinterpret_cast<const uint32_t*>(p.bias + 2 * (int64_t)n)));
+      if (n >= p.N) continue;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = mt * 16 + g + hh * 8;
           if (r < p.M) {
-            const uint32_t v = float2_to_act2<BF16>(fmaf(acc[mt][j][2 * hh], s0, bv.x),
-                                                    fmaf(acc[mt][j][2 * hh + 1], s1, bv.y));
+            const uint32_t v = float2_to_act2<BF16>(fmaf(acc[mt][j][2 * hh], e.scale[j].x, e.bias[j].x),
+                                                    fmaf(acc[mt][j][2 * hh + 1], e.scale[j].y, e.bias[j].y));
             *reinterpret_cast<uint32_t*>(p.out + r * p.ldo_bytes + 2 * (int64_t)n) = v;
           }
         }
@@ -317,6 +342,8 @@ struct Block {
   // Called by all threads after the tile that ends a segment was computed from `stage`.
   __device__ __forceinline__ void finish_segment(uint8_t* stage, int t, bool full, int u0, int* s_flag) {
     float4* red = reinterpret_cast<float4*>(stage);
+    EpilogueOperands e;
+    if (wk == 0) load_epilogue_operands(t, e);
     __syncthreads();  // every warp is done reading `stage`
 #pragma unroll
     for (int step = WK - 1; step >= 1; --step) {
@@ -351,7 +378,7 @@ struct Block {
         acc[mt][j][3] += o.w;
       }
     if (full) {
-      epilogue(t);
+      epilogue(t, e);
       return;
     }
     const int g = lane >> 2, q = lane & 3;
@@ -372,16 +399,18 @@ struct Block {
         }
     const int b_first = (t * p.KT) / p.per;
     const int b_last = ((t + 1) * p.KT - 1) / p.per;
-    __threadfence();
+    // One thread publishes the block's partial sums with a release (the barrier orders the other
+    // threads' stores before it) and, when it arrives last, acquires everyone else's: the pattern of
+    // a semaphore, with no fence per thread.
     named_barrier_sync(1, 32 * WN);
     if (tid == 0) {
-      const int prev = atomicAdd(p.counters + t, 1);
+      const int prev = atomic_add_acq_rel_gpu(p.counters + t, 1);
       *s_flag = (prev == b_last - b_first);
     }
     named_barrier_sync(1, 32 * WN);
     if (!*s_flag) return;
-    __threadfence();
     zero_acc();
+#pragma unroll 2
     for (int bb = b_first; bb <= b_last; ++bb) {
       const int slot = 2 * bb + ((bb * p.per) / p.KT == t ? 0 : 1);
       const float* src = p.partials + (size_t)slot * kPartialFloats;
@@ -399,7 +428,7 @@ struct Block {
             }
           }
     }
-    epilogue(t);
+    epilogue(t, e);
     if (tid == 0) atomicExch(p.counters + t, 0);  // ready for the next launch
   }
 };
