@@ -28,7 +28,7 @@ for step in $steps; do
     marlin)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_marlin.py 2>&1 | tail -15 ;;
     mbench)
-      timeout 400 python3 bench/bench_marlin.py --out "$OUT" 2>&1 | tail -80 ;;
+      timeout 400 python3 bench/bench_marlin.py --out "$OUT" 2>&1 | tail -200 ;;
     minilm)  # needs the model folder from tools/export_minilm.py, e.g. carried as .carry/minilm16
       QBACKEND_MINILM_DIR=${QBACKEND_MINILM_DIR:-.carry/minilm16} timeout 300 python3 -m pytest -q -p no:cacheprovider -s -k cuda tests/test_minilm_accuracy.py 2>&1 | grep -E "cosine|passed|failed|Error" ;;
     e2e)

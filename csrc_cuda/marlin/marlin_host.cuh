@@ -33,11 +33,12 @@ struct LaunchShape {
   int blocks_per_sm;  // wanted (the occupancy query may grant fewer)
 };
 
-// Automatic choice, from H200 measurements (bench_marlin.py --tune, 2026-11-30, M = 1 and 16): two
-// resident blocks of 8 warps per multiprocessor stream large weights 1.2-1.25x faster than one block
-// (57344x8192: 135 vs 170 us; 28672x4096: 42 vs 52 us), while for small weights (4096x4096,
-// 1024 tiles) one block with a deeper pipeline wins (12.9 vs 14.8 us). Two blocks are used when
-// each would still get >= 12 tiles (units >= 24 * SMs).
+// Automatic choice, from H200 measurements (bench_marlin.py --tune, M = 1 and 16): two resident
+// blocks of 8 warps per multiprocessor with a 3-deep ring stream large weights fastest (28672x4096:
+// 34.1 us against 38.1 with one block; 57344x8192: 111.6 against 123.0), while for small weights
+// (4096x4096, 1024 tiles) one block wins (10.7 against 12.6 us) and its ring depth matters little
+// (within 2 % from 3 to 8). Two blocks are used when each would still get >= 12 tiles
+// (units >= 24 * SMs).
 constexpr int kTwoBlocksMinTilesPerBlock = 12;
 
 template <int ARCH>
@@ -48,7 +49,7 @@ inline LaunchShape launch_shape(int MT, int units, const MmArgs& a) {
   int bps = a.blocks_per_sm > 0 ? a.blocks_per_sm : (big ? kernel_min_blocks : 1);
   if (bps > kMaxBlocksPerSm) bps = kMaxBlocksPerSm;
   if (ARCH < 80) return {2, bps};
-  int s = a.stages > 0 ? a.stages : (bps >= 2 ? (MT == 1 ? 5 : 4) : (MT == 1 ? 8 : MT == 2 ? 6 : MT == 3 ? 5 : 4));
+  int s = a.stages > 0 ? a.stages : (bps >= 2 ? 3 : (MT == 1 ? 4 : MT == 2 ? 6 : MT == 3 ? 5 : 4));
   if (s > 12) s = 12;
   // per-block budget: the opt-in limit, and with several blocks their share of the multiprocessor
   int budget = a.smem_optin;

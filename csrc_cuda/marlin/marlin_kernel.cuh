@@ -410,7 +410,7 @@ struct Block {
     named_barrier_sync(1, 32 * WN);
     if (!*s_flag) return;
     zero_acc();
-#pragma unroll 2
+#pragma unroll (MT == 1 ? 3 : 2)  // several contributors' loads in flight together (more spill for MT > 1)
     for (int bb = b_first; bb <= b_last; ++bb) {
       const int slot = 2 * bb + ((bb * p.per) / p.KT == t ? 0 : 1);
       const float* src = p.partials + (size_t)slot * kPartialFloats;
