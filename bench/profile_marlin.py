@@ -9,10 +9,15 @@ ncu flushes the caches before each kernel by default, so each weight is read fro
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 
 from qbackend_providers import marlin_native as mn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_small_m import run_for_profiler  # noqa: E402  (one way to hand launches to a profiler)
 
 POINTS = [(1, 4096, 4096), (1, 28672, 4096), (16, 8192, 8192)]
 
@@ -37,12 +42,7 @@ def main() -> None:
         ws = mn.new_workspace(N, K, "cuda")
         calls = [("marlin", lambda: mn.mm(a, packed, scale, None, out, N, K, variant=args.variant, workspace=ws)),
                  ("bf16", lambda: torch.mm(a, wb.t()))]
-        for name, fn in [c for c in calls if c[0] in args.impls.split(",")]:
-            fn()  # warm-up: lazy initialisation, not the profiled launch
-            torch.cuda.synchronize()
-            print(f"M={M} N={N} K={K} {name}", flush=True)
-            fn()
-            torch.cuda.synchronize()
+        run_for_profiler(f"M={M} N={N} K={K}", calls, args.impls.split(","))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,17 @@ POINTS = [(1, 4096, 4096), (1, 6144, 4096), (16, 10240, 8192), (1, 28672, 4096),
           (128, 28672, 4096)]
 
 
+def run_for_profiler(label, calls, wanted) -> None:
+    """Each (name, fn) of calls whose name is in wanted: a warm-up call (lazy initialisation, not
+    the launch to read), then the call to read, each followed by a synchronize."""
+    for name, fn in [c for c in calls if c[0] in wanted]:
+        fn()
+        torch.cuda.synchronize()
+        print(f"{label} {name}", flush=True)
+        fn()
+        torch.cuda.synchronize()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", default="", help="M:N:K,... (default: the list above)")
@@ -47,12 +58,7 @@ def main() -> None:
                                                          use_fast_accum=True)),
                  ("rowwise", lambda: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=BF16,
                                                       use_fast_accum=True))]
-        for name, fn in [c for c in calls if c[0] in args.impls.split(",")]:
-            fn()  # warm-up: lazy initialisation, not the profiled launch
-            torch.cuda.synchronize()
-            print(f"M={M} N={N} K={K} {name}", flush=True)
-            fn()
-            torch.cuda.synchronize()
+        run_for_profiler(f"M={M} N={N} K={K}", calls, args.impls.split(","))
 
 
 if __name__ == "__main__":

@@ -28,10 +28,13 @@
  * Exact decoding: an e4m3fn code s.eeee.mmm with its magnitude shifted into an fp16 as
  * s.0eeee.mmm0000000 is, as fp16, exactly the code's value times 2^-8: normal codes (e >= 1) have
  * value 2^(e-7)(1+m/8) and the fp16 reads 2^(e-15)(1+m/8); subnormal codes (e = 0) have 2^-6 (m/8)
- * and the fp16 subnormal reads 2^-14 (m/8). One fp16 multiply by 2^8 (no flush to zero) restores the
- * value exactly: every result lies in [2^-9, 448], normal in fp16. For bf16 the field goes to
- * s.0000eeee.mmm0000 = value times 2^-120 (bf16 has the fp32 exponent bias 127; e = 0 lands on a bf16
- * subnormal 2^-126 (m/8)), and one bf16 multiply by 2^120 restores it exactly. The NaN codes 0x7F and
+ * and the fp16 subnormal reads 2^-14 (m/8). The tensor cores take these fp16 values (subnormals
+ * included) as they are, and the factor 2^8 joins the weight scale in the epilogue: every product
+ * and fp32 sum is exactly 2^-8 times the one with the true weights, so the result is the same. For
+ * bf16 the field goes to s.0000eeee.mmm0000 = value times 2^-120 (bf16 has the fp32 exponent bias
+ * 127; e = 0 lands on a bf16 subnormal 2^-126 (m/8)); there one bf16 multiply by 2^120 per pair
+ * restores the value exactly before the MMA, because 2^-120 times an activation could leave the
+ * fp32 normal range. The NaN codes 0x7F and
  * 0xFF have no image: they would decode as +-480. qb_marlin_prepare counts them (nan_count) so the
  * caller can refuse such a weight; checkpoints produced by saturating quantizers contain none.
  *

@@ -11,13 +11,15 @@
 // block order (deterministic), applies the epilogue and resets the counter to 0. No block waits on
 // another, so there is no deadlock whatever the residency.
 //
-// Inside a block. 8 warps: warp w works on columns (w & 1) * 64 .. +64 and on k16 steps
-// (w >> 1) * 2 .. +2 of every tile, for all activation rows (MT m16 tiles). Weights go global ->
-// shared (SM80: cp.async, a ring of `stages` buffers; SM75: registers, two buffers), are read back
-// as 32 ready-made B fragments per warp with two 16-byte loads per lane, decoded in registers
-// (decode_* below) and fed to the tensor cores next to A fragments from ldmatrix. At a segment end
-// the four k-warps' accumulators are summed through shared memory (the buffer just consumed), and
-// warps 0 and 1 run the epilogue: * scale, + bias, round to the activation dtype.
+// Inside a block. 8 warps: with one or two m16 tiles, warp w works on columns (w & 1) * 64 .. +64
+// and on k16 steps (w >> 1) * 2 .. +2 of every tile, for all activation rows (with three or four,
+// 32 columns and 4 k16 steps; see Block). Weights go global -> shared (SM80: cp.async into a ring
+// of `stages` buffers, each lane copying exactly the pieces it later reads, so each warp runs its
+// own pipeline; SM75: registers, two buffers, block barriers), are read back as ready-made B
+// fragments with 16-byte loads, decoded in registers (decode_word below) and fed to the tensor
+// cores next to A fragments from ldmatrix. At a segment end the k-warps' accumulators are summed
+// through shared memory (the buffer just consumed), and the warps of k group 0 run the epilogue:
+// * scale, + bias, round to the activation dtype.
 #pragma once
 
 #include <cuda_runtime.h>
