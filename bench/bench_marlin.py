@@ -35,8 +35,9 @@ R = 16
 dev = "cuda"
 
 
-def random_e4m3(N, K):
-    codes = torch.randint(0, 256, (N, K), dtype=torch.uint8, device=dev)
+def random_e4m3(N, K, generator=None):
+    """[N, K] e4m3fn with every non-NaN code about equally likely (NaN codes moved to a neighbour)."""
+    codes = torch.randint(0, 256, (N, K), dtype=torch.uint8, device=dev, generator=generator)
     codes = torch.where((codes & 0x7F) == 0x7F, codes ^ 1, codes)
     return codes.view(torch.float8_e4m3fn)
 

@@ -17,6 +17,7 @@ import torch
 from qbackend_providers import marlin_native as mn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_marlin import random_e4m3  # noqa: E402  (the benchmark's weights)
 from profile_small_m import run_for_profiler  # noqa: E402  (one way to hand launches to a profiler)
 
 POINTS = [(1, 4096, 4096), (1, 28672, 4096), (16, 8192, 8192)]
@@ -32,8 +33,7 @@ def main() -> None:
     g = torch.Generator(device="cuda")
     g.manual_seed(0)
     for M, N, K in points:
-        codes = torch.randint(0, 256, (N, K), dtype=torch.uint8, device="cuda", generator=g)
-        w8 = torch.where((codes & 0x7F) == 0x7F, codes ^ 1, codes).view(torch.float8_e4m3fn)
+        w8 = random_e4m3(N, K, g)
         packed = mn.prepare(w8)
         wb = w8.to(torch.bfloat16)
         scale = torch.rand(N, device="cuda", generator=g) + 0.5
