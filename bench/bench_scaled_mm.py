@@ -205,9 +205,9 @@ def run_grid(shapes, ms, impls) -> list:
     return rows
 
 
-def run_tune(shapes, ms) -> list:
+def run_tune(shapes, ms, configs: tuple = ()) -> list:
     """Every SM90 config x decomposition for qbackend (auto = the dispatcher's own choice; auto_nopdl =
-    the same with programmatic launches off)."""
+    the same with programmatic launches off); `configs`: only the configs whose names start so."""
     names = native.config_names(F8, 90)
     # (name, decomposition, split-K factor): 0 data-parallel, 1 split-K, 2 stream-K, 3 CUTLASS heuristic
     decomps = [("dp", 0, -1), ("splitk2", 1, 2), ("splitk4", 1, 4), ("streamk", 2, -1), ("heur", 3, -1)]
@@ -230,12 +230,20 @@ def run_tune(shapes, ms) -> list:
                 rows.append({"M": M, "N": N, "K": K, "impl": impl, "us": us, "torch_best": best})
             res = []
             for ci, name in enumerate(names):
-                swap = name.startswith("swap")
-                if (swap and M > 256) or (not swap and M < 64):
+                if configs and not name.startswith(configs):
                     continue
-                coop = "coop" in name
-                variants = [(dn, d, sp, 1) for dn, d, sp in decomps] if coop else [("dp", 0, -1, 1)]
-                if M >= 1024:  # L2-friendly rasterization matters once many tiles share operands
+                swap = name.startswith("swap")
+                stream = name.startswith("stream")  # the small-M kernel: its cluster split-K factor
+                if stream:
+                    if M > 128:
+                        continue
+                    variants = [(f"s{sp}", 1, sp, 1) for sp in (1, 2, 4)]
+                elif (swap and M > 256) or (not swap and M < 64):
+                    continue
+                else:
+                    coop = "coop" in name
+                    variants = [(dn, d, sp, 1) for dn, d, sp in decomps] if coop else [("dp", 0, -1, 1)]
+                if M >= 1024 and not stream:  # L2-friendly rasterization matters once many tiles share operands
                     last = decomps[-1] if coop else decomps[0]
                     variants = [(dn, d, sp, 1) for dn, d, sp in (decomps[3:] if coop else decomps[:1])] + \
                                [(f"{last[0]}_sw{sw}", last[1], last[2], sw) for sw in (2, 8)]
@@ -287,6 +295,8 @@ def main():
     ap.add_argument("--ms", default="", help="M,M,... (default: the issue-3 list)")
     ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--tune", action="store_true", help="sweep every SM90 config x decomposition instead")
+    ap.add_argument("--configs", default="", help="--tune: only configs whose names start with one of these "
+                                                  "(comma-separated)")
     args = ap.parse_args()
     if native.load() is None:
         sys.exit(f"native library unavailable: {native.load_error()}")
@@ -294,7 +304,7 @@ def main():
     ms = [int(m) for m in args.ms.split(",")] if args.ms else MS
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.tune:
-        rows = run_tune(shapes, ms)
+        rows = run_tune(shapes, ms, tuple(c for c in args.configs.split(",") if c))
     else:
         rows = run_grid(shapes, ms, args.impls.split(","))
         eager_overhead()

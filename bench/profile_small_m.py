@@ -40,10 +40,12 @@ def main() -> None:
     ap.add_argument("--points", default="", help="M:N:K,... (default: the list above)")
     ap.add_argument("--impls", default="qbackend,tensorwise,rowwise")
     ap.add_argument("--config", type=int, default=-1, help="force this SM90 config for qbackend (data-parallel)")
+    ap.add_argument("--splits", type=int, default=-1, help="with --config: split-K factor (for the small-M "
+                                                            "kernel, its cluster split)")
     args = ap.parse_args()
     points = [tuple(int(v) for v in p.split(":")) for p in args.points.split(",")] if args.points else POINTS
     if args.config >= 0:
-        native.override(args.config, 0, -1, 1)
+        native.override(args.config, 1 if args.splits > 0 else 0, args.splits, 1)
     g = torch.Generator(device="cuda")
     g.manual_seed(0)
     one = torch.ones((), device="cuda")

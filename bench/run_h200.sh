@@ -34,7 +34,7 @@ for step in $steps; do
     e2e)
       timeout 500 python3 bench/bench_e2e.py --compile --out "$OUT/e2e_h200.json" 2>&1 | grep -v Warning | tail -60 ;;
     tune)
-      timeout 220 python3 bench/bench_scaled_mm.py --tune --ms ${TUNE_MS:-1,16,32,64,128,256,1024,4096,8192} --shapes ${TUNE_SHAPES:-4096:4096,6144:4096,28672:4096,4096:14336,8192:8192,57344:8192} --out "$OUT/tune.json" 2>&1 | grep -v "^  " ;;
+      timeout 220 python3 bench/bench_scaled_mm.py --tune --ms ${TUNE_MS:-1,16,32,64,128,256,1024,4096,8192} --shapes ${TUNE_SHAPES:-4096:4096,6144:4096,28672:4096,4096:14336,8192:8192,57344:8192} --configs "${TUNE_CONFIGS:-}" --out "$OUT/tune.json" 2>&1 | grep -v "^  " ;;
     qbench)
       timeout 120 python3 bench/bench_quantize.py --out "$OUT/quantize_h200.json" 2>&1 ;;
     bench)

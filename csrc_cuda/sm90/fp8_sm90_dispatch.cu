@@ -3,8 +3,10 @@
 // Buckets by M (tuned on the H200, see bench/bench_scaled_mm.py --tune): small M swaps operands so
 // the tokens sit on the tile's narrow N side; large M uses 128x128 ping-pong tiles. Cooperative
 // configs may split K across SMs (stream-K / split-K), which needs the caller's workspace; without
-// one they run data-parallel.
+// one they run data-parallel. Up to 64 tokens, the dispatcher first asks the small-M kernel
+// (fp8_sm90_small_m.cu) for a plan; it is also listed, forcible, as the configs after CUTLASS's.
 #include "fp8_sm90_configs.h"
+#include "fp8_sm90_small_m.h"
 
 namespace qb {
 namespace sm90 {
@@ -93,15 +95,31 @@ Plan make_plan(const ScaledMmArgs& a) {
 }  // namespace
 }  // namespace sm90
 
+namespace {
+// The small-M plan this call runs, if it runs the small-M kernel: forced as a config (its split
+// count then comes from the override's `splits`), or chosen automatically.
+bool small_m_plan(const ScaledMmArgs& a, sm90::SmallMPlan* plan) {
+  if (a.config >= sm90::kNumConfigs) {
+    *plan = sm90::small_m_forced_plan(a, sm90::kSmallMRows[a.config - sm90::kNumConfigs], a.splits);
+    return true;
+  }
+  return a.config < 0 && sm90::small_m_auto_plan(a, plan);
+}
+}  // namespace
+
 size_t sm90_fp8_workspace(const ScaledMmArgs& a) {
+  sm90::SmallMPlan small;
+  if (a.config < sm90::kNumConfigs + sm90::kSmallMConfigs && small_m_plan(a, &small)) return 0;
   const sm90::Plan p = sm90::make_plan(a);
   return sm90::kWs[p.config][a.out_dtype == QB_F16](a, p.opts);
 }
 
 int sm90_fp8_scaled_mm(const ScaledMmArgs& a, const Err& err) {
-  if (a.config >= sm90::kNumConfigs)
+  if (a.config >= sm90::kNumConfigs + sm90::kSmallMConfigs)
     return err.set(QB_ERR_INVALID_ARGUMENT, "sm90 fp8: config %d out of range (%d configs)", a.config,
-                   sm90::kNumConfigs);
+                   sm90::kNumConfigs + sm90::kSmallMConfigs);
+  sm90::SmallMPlan small;
+  if (small_m_plan(a, &small)) return sm90::small_m_run(a, small, err);
   sm90::Plan p = sm90::make_plan(a);
   const int tag = a.out_dtype == QB_F16;
   if (p.opts.decomp != sm90::Decomp::DataParallel) {
@@ -114,10 +132,13 @@ int sm90_fp8_scaled_mm(const ScaledMmArgs& a, const Err& err) {
   return sm90::kRun[p.config][tag](a, p.opts, err);
 }
 
-int sm90_fp8_config_count() { return sm90::kNumConfigs; }
+int sm90_fp8_config_count() { return sm90::kNumConfigs + sm90::kSmallMConfigs; }
 
 const char* sm90_fp8_config_name(int config) {
-  return config >= 0 && config < sm90::kNumConfigs ? sm90::kConfigs[config].name : nullptr;
+  if (config >= 0 && config < sm90::kNumConfigs) return sm90::kConfigs[config].name;
+  if (config >= sm90::kNumConfigs && config < sm90::kNumConfigs + sm90::kSmallMConfigs)
+    return sm90::kSmallMNames[config - sm90::kNumConfigs];
+  return nullptr;
 }
 
 }  // namespace qb

@@ -175,6 +175,42 @@ def test_every_config_and_decomposition(variant):
         native.override()
 
 
+SMALL_M_CONFIGS = [n for n in native.config_names(F8, 90) if n.startswith("stream")] if 90 in FP8_VARIANTS else []
+
+
+@pytest.mark.skipif(not SMALL_M_CONFIGS, reason="sm_90a family not built")
+@pytest.mark.parametrize("name", SMALL_M_CONFIGS or ["none"])
+@pytest.mark.parametrize("splits", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (9, 2064, 1040), (17, 528, 16), (40, 1040, 14336),
+                                   (64, 4096, 1024), (65, 1024, 1040), (130, 272, 4096)])
+def test_small_m_kernel(name, splits, M, N, K):
+    """The small-M kernel forced, at every cluster split: every token tile (8 to 64, and several of
+    them), N that is not a multiple of the tile rows, K that is not a multiple of the 128-wide K tile
+    (or smaller than one tile, so the split is cut to 1), with all the checks of the main test."""
+    native.override(native.config_names(F8, 90).index(name), 1, splits, -1)
+    try:
+        _run_case(M, N, K, F8, 90)
+    finally:
+        native.override()
+
+
+@pytest.mark.skipif(not SMALL_M_CONFIGS, reason="sm_90a family not built")
+def test_small_m_split_k_is_deterministic():
+    """Partial sums of a cluster are added in a fixed order: repeated calls agree bit for bit."""
+    M, N, K = 16, 4096, 14336
+    g = _gen()
+    a, b = _operands(M, N, K, F8, g)
+    sa, sb = _scales(M, N, g)[3]
+    native.override(native.config_names(F8, 90).index(SMALL_M_CONFIGS[0]), 1, 8, -1)
+    try:
+        outs = [native.scaled_mm(a, b, sa, sb, None, torch.empty(M, N, device=DEV, dtype=torch.bfloat16))
+                for _ in range(5)]
+    finally:
+        native.override()
+    for o in outs[1:]:
+        assert torch.equal(o.view(torch.int16), outs[0].view(torch.int16))
+
+
 @pytest.mark.parametrize("variant", FP8_VARIANTS)
 @pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (128, 4096, 4096), (1000, 8192, 8192)])
 def test_no_workspace_path(M, N, K, variant):
@@ -281,6 +317,59 @@ def test_programmatic_launch_waits_for_the_previous_kernel(graphs):
     q_ref = (x / s_ref).clamp(-448, 448).to(F8)
     ref = s_ref.double() * sb.double() * (q_ref.double() @ w.double().t())
     _check(overlapped[-1], ref, s_ref.double() * sb.double() * (q_ref.double().abs() @ w.double().abs().t()),
+           2.0 ** -7, 2.0 ** -9, 2e-2, "last step")
+
+
+@SM90_ONLY
+@pytest.mark.parametrize("graphs", [False, True])
+def test_programmatic_launch_sees_a_weight_written_just_before(graphs):
+    """The small-M kernel asks L2 for its weight before the kernel ahead of it has finished. What it
+    reads must still be what that kernel wrote: here each GEMM's weight is quantized, into one shared
+    buffer, by the kernel just before it (which lets its dependents start early)."""
+    M, N, K, steps = 8, 4096, 4096, 6
+    g = _gen()
+    ws = [torch.randn(N, K, device=DEV, generator=g, dtype=torch.bfloat16) * (i + 1) for i in range(steps)]
+    a = (torch.randn(M, K, device=DEV, generator=g) * 2).to(F8)
+    sa = torch.ones((), device=DEV)
+    wq = torch.empty(N, K, device=DEV, dtype=F8)   # shared by every step: a stale read shows
+    sw = torch.empty(N, 1, device=DEV)
+
+    def chain(outs):
+        for w, out in zip(ws, outs):
+            native.quantize(w, wq, sw, native.DYNAMIC_TOKEN)
+            native.scaled_mm(a, wq.t(), sa, sw.view(1, N), None, out)
+
+    def run(programmatic):
+        native.set_programmatic_launch(programmatic)
+        try:
+            outs = [torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16) for _ in range(steps)]
+            if graphs:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    chain(outs)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    chain(outs)
+                for out in outs:
+                    out.fill_(float("nan"))
+                graph.replay()
+            else:
+                chain(outs)
+            torch.cuda.synchronize()
+            return outs
+        finally:
+            native.set_programmatic_launch(True)
+
+    plain, overlapped = run(False), run(True)
+    for i, (p, o) in enumerate(zip(plain, overlapped)):
+        assert torch.equal(p.view(torch.int16), o.view(torch.int16)), f"step {i}: differs with programmatic launch"
+    w = ws[-1].float()
+    s_ref = (w.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1.0 / (448.0 * 512.0))
+    q_ref = (w / s_ref).clamp(-448, 448).to(F8)
+    ref = (a.double() @ q_ref.double().t()) * s_ref.double().t()
+    _check(overlapped[-1], ref, (a.double().abs() @ q_ref.double().abs().t()) * s_ref.double().t(),
            2.0 ** -7, 2.0 ** -9, 2e-2, "last step")
 
 

@@ -1,0 +1,476 @@
+// fp8_sm90_small_m.cu: the SM90 FP8 GEMM for few tokens, written for the one thing that decides its
+// speed: streaming the weight from HBM at full rate, one GEMM straight after the other.
+//
+// It computes out^T[N, M] = W[N, K] . A[M, K]^T. Each CTA owns `rows` weight rows (64 or 128: the
+// wgmma M side), a tile of `tokens` tokens (8 to 64: the wgmma N side) and a contiguous range of K.
+// What sets it apart from the CUTLASS kernels the dispatcher uses otherwise:
+// - A deep ring in at most half an SM's shared memory. Launched as a programmatic dependent, the
+//   next GEMM's CTAs find room next to this one's and are ready the moment it finishes; that
+//   hand-over, not the arithmetic, is what separates small-M GEMMs from HBM speed.
+// - Weight prefetch into L2 before waiting for the previous kernel: the first tiles are on their
+//   way while that kernel finishes. A prefetch into L2 reads nothing into the SM; every actual read
+//   (weights included) happens after griddepcontrol.wait, so data the previous kernel writes is
+//   always seen complete.
+// - Split-K inside a thread block cluster. When N / rows leaves most SMs idle, the `splits` CTAs of
+//   a cluster each stream one part of K and add up their fp32 partial sums through distributed
+//   shared memory: no workspace, no counters, no second kernel, and a fixed summation order, so
+//   results do not vary from run to run.
+//
+// Warps 0-3 form the consumer warpgroup (wgmma m64nTk32 with the weight tile as the A operand and
+// the token tile as B, both K-major in 128-byte-swizzled shared memory written by TMA); one thread
+// of warp 4 issues the TMA loads.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <utility>
+
+#include <cooperative_groups.h>
+
+#include <cute/arch/cluster_sm90.hpp>
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "fp8_sm90_small_m.h"
+
+namespace qb::sm90 {
+namespace {
+
+constexpr int kTileK = 128;             // K bytes per stage: one 128-byte swizzle row
+constexpr int kThreads = 160;           // consumer warpgroup + producer warp
+constexpr int kMaxStages = 12;
+constexpr int kMaxSplits = 8;           // the portable cluster size limit
+constexpr int kSmemPerSm = 228 * 1024;  // H100 / H200, the sm_90a parts
+constexpr int kSmemOptin = 227 * 1024 - 256;  // the per-block limit, less this kernel's static barriers
+constexpr int kMaxDevices = 64;
+// Shared memory per CTA the ring depth is sized for: at most half an SM, so that when the next
+// kernel is launched as a programmatic dependent, its CTAs find room next to this kernel's and
+// start while this one finishes (measured on the H200: one CTA per SM at 120 KiB ran up to 20 %
+// slower than two at 108 KiB).
+constexpr int kCtaSmemTarget = kSmemPerSm / 2 - 4096;
+// Weight tiles each CTA asks L2 for before the previous kernel has finished: enough to keep HBM
+// busy across the hand-over. Asking for a CTA's whole range was slower on the H200 (up to 60 % at
+// 28672 x 4096: the flood of requests cost more than it hid); two tiles measured 1-4 % faster than
+// none on most shapes.
+constexpr int kPrefetchTiles = 2;
+
+struct Params {
+  CUtensorMap w_map;  // [N, K] weight, boxes of rows x 128
+  CUtensorMap a_map;  // [M, K] tokens, boxes of tokens x 128
+  void* out;
+  int64_t ldo;
+  const float* scale_a;
+  const float* scale_b;
+  const void* bias;
+  int M, N;
+  int k_tiles;
+  int stages;
+  int prefetch_tiles;
+  int scale_a_per_row, scale_b_per_col;
+};
+
+using cutlass::arch::ClusterBarrier;
+using cutlass::arch::ClusterTransactionBarrier;
+
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+// wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle TMA writes: rows of 128
+// bytes, 8-row groups 1024 bytes apart (stride offset); the leading offset is unused in this mode.
+// Stepping K by 32 bytes inside the swizzle row is a plain address offset because the tiles are
+// 1024-byte aligned (the swizzle is a function of the address bits).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+template <int T>
+struct Gmma;  // wgmma m64 nT k32, e4m3 x e4m3 -> f32, both operands from shared memory
+template <>
+struct Gmma<8> {
+  using Op = cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct Gmma<16> {
+  using Op = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct Gmma<32> {
+  using Op = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct Gmma<64> {
+  using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
+};
+
+template <int T, size_t... I>
+__device__ __forceinline__ void gmma(uint64_t w, uint64_t a, float (&d)[T / 2], std::index_sequence<I...>) {
+  Gmma<T>::Op::fma(w, a, d[I]...);
+}
+
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int ROWS, int TOK, class OutT>
+__global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kWBytes = ROWS * kTileK;
+  constexpr int kStageBytes = kWBytes + TOK * kTileK;
+  constexpr int kBlocks = ROWS / 64;  // m64 wgmma blocks per tile
+  constexpr int kAcc = TOK / 2;       // fp32 accumulators per thread and block
+  __shared__ alignas(8) uint64_t full[kMaxStages];
+  __shared__ alignas(8) uint64_t empty[kMaxStages];
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  uint8_t* ring = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);  // swizzled tiles need 1024 B alignment
+
+  const int rank = blockIdx.x, splits = gridDim.x;  // the cluster spans gridDim.x
+  const int row_tile = blockIdx.y, tok_tile = blockIdx.z;
+  const int kt0 = int(int64_t(rank) * p.k_tiles / splits);
+  const int nk = int(int64_t(rank + 1) * p.k_tiles / splits) - kt0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.stages; ++s) {
+      ClusterBarrier::init(&full[s], 1);   // the producer's arrive (plus the TMA bytes)
+      ClusterBarrier::init(&empty[s], 4);  // one arrive per consumer warp
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int r0 = 16 * (warp & 3) + lane / 4;  // this thread's first row in each 64-row block
+  const int c0 = 2 * (lane % 4);              // and its first token column in each 8-column group
+  const bool consumer = warp < 4;
+  float acc[kBlocks][kAcc];
+  float sa[TOK / 8][2], sb[kBlocks][2], bias[kBlocks][2];  // epilogue operands, loaded during the main loop
+  if (!consumer) {
+    if (lane == 0) {
+      cute::prefetch_tma_descriptor(&p.w_map);
+      cute::prefetch_tma_descriptor(&p.a_map);
+      const int pf = nk < p.prefetch_tiles ? nk : p.prefetch_tiles;
+      for (int t = 0; t < pf; ++t)
+        cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.w_map, (kt0 + t) * kTileK, row_tile * ROWS);
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      // Only now may the next kernel start: one kernel ahead at most, never a chain of waiting grids.
+      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+      int stage = 0;
+      uint32_t phase = 1;  // a fresh barrier counts its preceding phase as complete: the ring starts empty
+      for (int t = 0; t < nk; ++t) {
+        ClusterBarrier::wait(&empty[stage], phase);
+        ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], kStageBytes);
+        uint8_t* dst = ring + stage * kStageBytes;
+        const int k = (kt0 + t) * kTileK;
+        cute::SM90_TMA_LOAD_2D::copy(&p.w_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST), dst,
+                                     k, row_tile * ROWS);
+        cute::SM90_TMA_LOAD_2D::copy(&p.a_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST),
+                                     dst + kWBytes, k, tok_tile * TOK);
+        if (++stage == p.stages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    __syncwarp();
+  } else {
+    // Scales and bias may come from the previous kernel: read them after it has finished.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+    for (int c = 0; c < TOK / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = tok_tile * TOK + 8 * c + c0 + e;
+        sa[c][e] = m < p.M ? p.scale_a[p.scale_a_per_row ? m : 0] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = row_tile * ROWS + 64 * b + r0 + 8 * h;
+        sb[b][h] = n < p.N ? p.scale_b[p.scale_b_per_col ? n : 0] : 0.f;
+        bias[b][h] = n < p.N && p.bias ? to_f32(static_cast<const OutT*>(p.bias)[n]) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) acc[b][j] = 0.f;
+      fence_regs(acc[b]);
+    }
+    const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+    int stage = 0, held = -1;
+    uint32_t phase = 0;
+    for (int t = 0; t < nk; ++t) {
+      ClusterBarrier::wait(&full[stage], phase);
+      cute::warpgroup_arrive();
+      const uint32_t w = ring_addr + stage * kStageBytes, x = w + kWBytes;
+#pragma unroll
+      for (int kk = 0; kk < kTileK / 32; ++kk) {
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b)
+          gmma<TOK>(smem_desc(w + b * 64 * kTileK + kk * 32), smem_desc(x + kk * 32), acc[b],
+                    std::make_index_sequence<kAcc>{});
+      }
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<1>();  // the previous tile's wgmmas are done: its stage may be refilled
+      if (held >= 0 && lane == 0) ClusterBarrier::arrive(&empty[held]);
+      held = stage;
+      if (++stage == p.stages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) fence_regs(acc[b]);
+  }
+
+  // out[m, n] = scale_a[m] scale_b[n] acc + bias[n] for accumulator j of block b (wgmma layout).
+  auto store = [&](int b, int j, float v) {
+    const int c = j / 4, h = (j / 2) % 2, e = j % 2;
+    const int n = row_tile * ROWS + 64 * b + r0 + 8 * h;
+    const int m = tok_tile * TOK + 8 * c + c0 + e;
+    if (n < p.N && m < p.M)
+      static_cast<OutT*>(p.out)[int64_t(m) * p.ldo + n] = from_f32<OutT>(fmaf(sa[c][e] * sb[b][h], v, bias[b][h]));
+  };
+
+  if (splits == 1) {
+    if (consumer) {
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) store(b, j, acc[b][j]);
+      }
+    }
+    return;
+  }
+
+  // Split-K: each CTA leaves its partial sums in its own (now idle) ring, one float per thread and
+  // accumulator, and reduces a contiguous share of the accumulators by reading the same positions
+  // from every CTA of the cluster, in rank order. The loop over ranks is unrolled so that all the
+  // remote loads are in flight together rather than one round trip after another.
+  constexpr int kEntries = kBlocks * kAcc;
+  float* part = reinterpret_cast<float*>(ring);
+  if (consumer) {
+    asm volatile("bar.sync 1, 128;" ::: "memory");  // all four warps' wgmmas are done with the ring
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) part[(b * kAcc + j) * 128 + threadIdx.x] = acc[b][j];
+    }
+  }
+  cute::cluster_arrive();
+  cute::cluster_wait();
+  if (consumer) {
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    const int e0 = (rank * kEntries + splits - 1) / splits;  // entries e with e * splits / kEntries == rank
+    const int e1 = ((rank + 1) * kEntries + splits - 1) / splits;
+    float sum[kEntries];
+#pragma unroll
+    for (int e = 0; e < kEntries; ++e) sum[e] = 0.f;
+#pragma unroll
+    for (int q = 0; q < kMaxSplits; ++q) {
+      if (q < splits) {
+        const float* src = cluster.map_shared_rank(part, q) + threadIdx.x;
+#pragma unroll
+        for (int e = 0; e < kEntries; ++e)
+          if (e >= e0 && e < e1) sum[e] += src[e * 128];
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kEntries; ++e)
+      if (e >= e0 && e < e1) store(e / kAcc, e % kAcc, sum[e]);
+  }
+  cute::cluster_arrive();  // no CTA leaves while another may still read its shared memory
+  cute::cluster_wait();
+#endif
+}
+
+// ---- host ---------------------------------------------------------------------------------------------
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int stage_bytes(int rows, int tokens) { return (rows + tokens) * kTileK; }
+int smem_bytes(int rows, int tokens, int stages) { return stages * stage_bytes(rows, tokens) + 1024; }
+
+int default_stages(int rows, int tokens) {
+  const int s = (kCtaSmemTarget - 1024) / stage_bytes(rows, tokens);
+  return s < 3 ? 3 : s > kMaxStages ? kMaxStages : s;
+}
+
+int token_tile(int64_t M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64; }
+
+SmallMPlan make_plan(const ScaledMmArgs& a, int rows, int splits) {
+  SmallMPlan pl{};
+  pl.rows = rows;
+  pl.tokens = token_tile(a.M);
+  pl.stages = default_stages(rows, pl.tokens);
+  pl.row_tiles = cdiv(a.N, rows);
+  pl.token_tiles = cdiv(a.M, pl.tokens);
+  const int64_t k_tiles = cdiv(a.K, kTileK);
+  if (splits < 1) splits = 1;
+  if (splits > kMaxSplits) splits = kMaxSplits;
+  if (splits > k_tiles) splits = int(k_tiles);
+  pl.splits = splits;
+  pl.prefetch_tiles = kPrefetchTiles;
+  return pl;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A 2-D map over a row-major [rows, K] byte matrix with row stride ld, read in boxes of
+// box_rows x 128 with the 128-byte swizzle; rows and columns past the end read as zero.
+int make_map(CUtensorMap* map, const void* base, int64_t rows, int64_t K, int64_t ld, int box_rows,
+             const char* what, const Err& err) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode) return err.set(QB_ERR_CUDA, "sm90 fp8 small-M: the driver does not provide cuTensorMapEncodeTiled");
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(ld)};
+  const cuuint32_t box[2] = {cuuint32_t(kTileK), cuuint32_t(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return err.set(QB_ERR_CUDA, "sm90 fp8 small-M: cuTensorMapEncodeTiled(%s: %lld x %lld, stride %lld) failed: %d",
+                   what, (long long)rows, (long long)K, (long long)ld, int(r));
+  return QB_OK;
+}
+
+template <int ROWS, int TOK, class OutT>
+int launch(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, const Err& err) {
+  auto* kernel = small_m_kernel<ROWS, TOK, OutT>;
+  const int smem = smem_bytes(ROWS, TOK, pl.stages);
+  // Raise the dynamic shared-memory limit when a launch needs more than before on this device
+  // (idempotent if threads race).
+  static int allowed[kMaxDevices] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return err.cuda(e, "sm90 fp8 small-M: cudaGetDevice");
+  if (dev < 0 || dev >= kMaxDevices || allowed[dev] < smem) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return err.cuda(e, "sm90 fp8 small-M: cudaFuncSetAttribute");
+    if (dev >= 0 && dev < kMaxDevices) allowed[dev] = smem;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(pl.splits), unsigned(pl.row_tiles), unsigned(pl.token_tiles));
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = a.stream;
+  cudaLaunchAttribute attrs[2];
+  int n = 0;
+  if (pl.splits > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = unsigned(pl.splits);
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (a.programmatic) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = unsigned(n);
+  e = cudaLaunchKernelEx(&cfg, kernel, prm);
+  if (e != cudaSuccess) return err.cuda(e, "sm90 fp8 small-M: kernel launch");
+  return QB_OK;
+}
+
+template <int ROWS, class OutT>
+int launch_tokens(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, const Err& err) {
+  switch (pl.tokens) {
+    case 8: return launch<ROWS, 8, OutT>(a, pl, prm, err);
+    case 16: return launch<ROWS, 16, OutT>(a, pl, prm, err);
+    case 32: return launch<ROWS, 32, OutT>(a, pl, prm, err);
+    default: return launch<ROWS, 64, OutT>(a, pl, prm, err);
+  }
+}
+
+template <class OutT>
+int launch_rows(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, const Err& err) {
+  return pl.rows == 128 ? launch_tokens<128, OutT>(a, pl, prm, err) : launch_tokens<64, OutT>(a, pl, prm, err);
+}
+
+}  // namespace
+
+// From the H200 sweeps (bench_scaled_mm.py --tune --configs stream,swap_64x), against CUTLASS's
+// swapped ping-pong configs under CUDA-graph replay:
+// - up to 16 tokens, and up to 32 when N > 4096, this kernel is faster or level on every shape whose
+//   64-row tiles number at most 4 per SM (all but 57344 x 8192), by up to 20 % (6144 x 4096);
+//   with 32 tokens on N = 4096, and with 64 tokens, CUTLASS's two consumer warpgroups win;
+// - 64-row tiles, one CTA per SM or more; when they would not fill the SMs but 128-row tiles give
+//   one CTA per SM on fewer than all of them (10240 rows: 160 against 80 tiles), 128-row tiles
+//   (22.4 us against 26.7 at M = 1);
+// - split K in two when 64-row tiles cover at most half the SMs and K >= 8192 (4096 x 14336:
+//   16.7 us against 18.1); for shorter K the reduction costs what the extra SMs gain.
+bool small_m_auto_plan(const ScaledMmArgs& a, SmallMPlan* plan) {
+  if (a.M > 32 || (a.M > 16 && a.N <= 4096)) return false;
+  const int sms = a.sm_count > 0 ? a.sm_count : 132;
+  const int64_t tiles64 = cdiv(a.N, 64), tiles128 = cdiv(a.N, 128);
+  int rows = 64, splits = 1;
+  if (tiles64 > sms && tiles128 <= sms) {
+    rows = 128;
+  } else if (tiles64 > 4 * int64_t(sms)) {
+    return false;
+  } else if (2 * tiles64 <= sms && a.K >= 8192) {
+    splits = 2;
+  }
+  *plan = make_plan(a, rows, splits);
+  return true;
+}
+
+SmallMPlan small_m_forced_plan(const ScaledMmArgs& a, int rows, int splits) {
+  return make_plan(a, rows == 128 ? 128 : 64, splits);
+}
+
+int small_m_run(const ScaledMmArgs& a, const SmallMPlan& pl, const Err& err) {
+  if (pl.row_tiles > 65535 || pl.token_tiles > 65535)
+    return err.set(QB_ERR_UNSUPPORTED, "sm90 fp8 small-M: N=%lld and M=%lld need more than 65535 tiles", (long long)a.N,
+                   (long long)a.M);
+  if (smem_bytes(pl.rows, pl.tokens, pl.stages) > kSmemOptin || pl.stages > kMaxStages || pl.splits < 1)
+    return err.set(QB_ERR_UNSUPPORTED, "sm90 fp8 small-M: bad plan (stages %d, splits %d)", pl.stages, pl.splits);
+  Params prm{};
+  int st = make_map(&prm.w_map, a.b, a.N, a.K, a.ldb, pl.rows, "weight", err);
+  if (st != QB_OK) return st;
+  if ((st = make_map(&prm.a_map, a.a, a.M, a.K, a.lda, pl.tokens, "a", err)) != QB_OK) return st;
+  prm.out = a.out;
+  prm.ldo = a.ldo;
+  prm.scale_a = a.scale_a;
+  prm.scale_b = a.scale_b;
+  prm.bias = a.bias;
+  prm.M = int(a.M);
+  prm.N = int(a.N);
+  prm.k_tiles = int(cdiv(a.K, kTileK));
+  prm.stages = pl.stages;
+  prm.prefetch_tiles = pl.prefetch_tiles;
+  prm.scale_a_per_row = a.scale_a_per_row;
+  prm.scale_b_per_col = a.scale_b_per_col;
+  return a.out_dtype == QB_F16 ? launch_rows<__half>(a, pl, prm, err) : launch_rows<__nv_bfloat16>(a, pl, prm, err);
+}
+
+}  // namespace qb::sm90
