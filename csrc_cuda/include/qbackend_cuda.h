@@ -107,8 +107,9 @@ void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzl
 /* Process-wide, on by default, sm_90 and newer only: the SM90 scaled_mm kernels that need no
  * workspace, and the single-kernel quantize modes (static per-tensor, dynamic per-token), are launched
  * as programmatic dependents of the previous kernel in the stream (PDL), so their launch and prologue
- * overlap its tail. Each waits for that kernel to finish (griddepcontrol.wait) before it touches
- * global memory. 0 turns this off (plain stream-ordered launches). */
+ * overlap its tail. Each waits for that kernel to finish (griddepcontrol.wait) before it reads or
+ * writes global memory (the small-M GEMM asks L2 to prefetch its first weight tiles before that:
+ * a prefetch reads nothing into the SM). 0 turns this off (plain stream-ordered launches). */
 void qb_set_programmatic_launch(int enabled);
 
 /* Quantize modes. */

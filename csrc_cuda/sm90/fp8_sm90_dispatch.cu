@@ -36,6 +36,7 @@ double wave_efficiency(int64_t tiles, int sms) {
 }
 
 // Config, decomposition and swizzle by M bucket, from the H200 sweeps (bench_scaled_mm.py --tune):
+//   (M <= 32: the small-M kernel first, where small_m_auto_plan takes the problem; otherwise:)
 //   M <= 128  memory-bound: swapped persistent 64-row ping-pong tiles whose token side (16, 32, 64
 //             or 128) covers all of M, so each weight tile is read by one CTA, once (tiles that
 //             two CTAs read were measured up to 30 % slower);

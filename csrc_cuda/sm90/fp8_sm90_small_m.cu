@@ -48,13 +48,13 @@ constexpr int kSmemOptin = 227 * 1024 - 256;  // the per-block limit, less this 
 constexpr int kMaxDevices = 64;
 // Shared memory per CTA the ring depth is sized for: at most half an SM, so that when the next
 // kernel is launched as a programmatic dependent, its CTAs find room next to this kernel's and
-// start while this one finishes (measured on the H200: one CTA per SM at 120 KiB ran up to 20 %
-// slower than two at 108 KiB).
+// start while this one finishes (on the H200, deeper rings that left room for only one CTA per SM
+// were slower at the small shapes in trial sweeps).
 constexpr int kCtaSmemTarget = kSmemPerSm / 2 - 4096;
 // Weight tiles each CTA asks L2 for before the previous kernel has finished: enough to keep HBM
-// busy across the hand-over. Asking for a CTA's whole range was slower on the H200 (up to 60 % at
-// 28672 x 4096: the flood of requests cost more than it hid); two tiles measured 1-4 % faster than
-// none on most shapes.
+// busy across the hand-over. In trial sweeps on the H200, asking for a CTA's whole range was slower
+// (the flood of requests cost more than it hid), and two tiles were slightly faster than none on
+// most shapes.
 constexpr int kPrefetchTiles = 2;
 
 struct Params {
@@ -418,16 +418,16 @@ int launch_rows(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, 
 
 }  // namespace
 
-// From the H200 sweeps (bench_scaled_mm.py --tune --configs stream,swap_64x), against CUTLASS's
-// swapped ping-pong configs under CUDA-graph replay:
-// - up to 16 tokens, and up to 32 when N > 4096, this kernel is faster or level on every shape whose
-//   64-row tiles number at most 4 per SM (all but 57344 x 8192), by up to 20 % (6144 x 4096);
-//   with 32 tokens on N = 4096, and with 64 tokens, CUTLASS's two consumer warpgroups win;
-// - 64-row tiles, one CTA per SM or more; when they would not fill the SMs but 128-row tiles give
-//   one CTA per SM on fewer than all of them (10240 rows: 160 against 80 tiles), 128-row tiles
-//   (22.4 us against 26.7 at M = 1);
+// From the H200 sweep in bench/results/scaled_mm_tune_h200.log (run 5), against CUTLASS's swapped
+// ping-pong configs under CUDA-graph replay:
+// - up to 16 tokens, and up to 32 when N > 4096, this kernel is faster or within 3 % on every shape
+//   whose 64-row tiles number at most 4 per SM (all but 57344 x 8192), up to x1.2 (6144 x 4096:
+//   7.9 us against 9.6); with 32 tokens on N = 4096, and with 64 tokens, CUTLASS's two consumer
+//   warpgroups win;
+// - 64-row tiles; but when those would number more than the SMs while 128-row tiles would not
+//   (N = 10240: 160 against 80 tiles), 128-row tiles (22.6 us against 27.1 at M = 1);
 // - split K in two when 64-row tiles cover at most half the SMs and K >= 8192 (4096 x 14336:
-//   16.7 us against 18.1); for shorter K the reduction costs what the extra SMs gain.
+//   16.7 us against 18.1 at M = 1); for K = 4096 the reduction costs what the extra SMs gain.
 bool small_m_auto_plan(const ScaledMmArgs& a, SmallMPlan* plan) {
   if (a.M > 32 || (a.M > 16 && a.N <= 4096)) return false;
   const int sms = a.sm_count > 0 ? a.sm_count : 132;

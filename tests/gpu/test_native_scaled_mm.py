@@ -267,6 +267,32 @@ def test_cuda_graph_quantize_then_mm():
            2.0 ** -9, 2e-2, "graph replay")
 
 
+def _chain_outputs(chain, steps, shape, graphs, programmatic):
+    """chain(outs) run with programmatic launches on or off, eagerly or replayed from a CUDA graph,
+    into `steps` NaN-poisoned bf16 outputs of `shape`; returns them."""
+    native.set_programmatic_launch(programmatic)
+    try:
+        outs = [torch.full(shape, float("nan"), device=DEV, dtype=torch.bfloat16) for _ in range(steps)]
+        if graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                chain(outs)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                chain(outs)
+            for out in outs:
+                out.fill_(float("nan"))
+            graph.replay()
+        else:
+            chain(outs)
+        torch.cuda.synchronize()
+        return outs
+    finally:
+        native.set_programmatic_launch(True)
+
+
 @SM90_ONLY
 @pytest.mark.parametrize("graphs", [False, True])
 def test_programmatic_launch_waits_for_the_previous_kernel(graphs):
@@ -286,30 +312,8 @@ def test_programmatic_launch_waits_for_the_previous_kernel(graphs):
             native.quantize(x, q, s, native.DYNAMIC_TOKEN)
             native.scaled_mm(q, w.t(), s, sb, None, out)
 
-    def run(programmatic):
-        native.set_programmatic_launch(programmatic)
-        try:
-            outs = [torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16) for _ in range(steps)]
-            if graphs:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    chain(outs)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    chain(outs)
-                for out in outs:
-                    out.fill_(float("nan"))
-                graph.replay()
-            else:
-                chain(outs)
-            torch.cuda.synchronize()
-            return outs
-        finally:
-            native.set_programmatic_launch(True)
-
-    plain, overlapped = run(False), run(True)
+    plain, overlapped = _chain_outputs(chain, steps, (M, N), graphs, False), \
+        _chain_outputs(chain, steps, (M, N), graphs, True)
     for i, (a, b) in enumerate(zip(plain, overlapped)):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"step {i}: differs with programmatic launch"
     x = xs[-1].float()
@@ -339,30 +343,8 @@ def test_programmatic_launch_sees_a_weight_written_just_before(graphs):
             native.quantize(w, wq, sw, native.DYNAMIC_TOKEN)
             native.scaled_mm(a, wq.t(), sa, sw.view(1, N), None, out)
 
-    def run(programmatic):
-        native.set_programmatic_launch(programmatic)
-        try:
-            outs = [torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16) for _ in range(steps)]
-            if graphs:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    chain(outs)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    chain(outs)
-                for out in outs:
-                    out.fill_(float("nan"))
-                graph.replay()
-            else:
-                chain(outs)
-            torch.cuda.synchronize()
-            return outs
-        finally:
-            native.set_programmatic_launch(True)
-
-    plain, overlapped = run(False), run(True)
+    plain, overlapped = _chain_outputs(chain, steps, (M, N), graphs, False), \
+        _chain_outputs(chain, steps, (M, N), graphs, True)
     for i, (p, o) in enumerate(zip(plain, overlapped)):
         assert torch.equal(p.view(torch.int16), o.view(torch.int16)), f"step {i}: differs with programmatic launch"
     w = ws[-1].float()
