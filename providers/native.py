@@ -325,6 +325,6 @@ def config_names(a_dtype: torch.dtype, variant: int) -> list[str]:
 def override(config: int = -1, decomposition: int = -1, splits: int = -1, swizzle: int = -1) -> None:
     """Tuning/tests: force a config / decomposition (0 DP, 1 split-K, 2 stream-K, 3 heuristic) / split
     count / tile swizzle for this thread's later scaled_mm calls; override() restores the automatic
-    choice."""
+    choice. The SM90 small-M configs ("stream_*") read `splits` as their cluster split of K."""
     _need().qb_scaled_mm_override(int(config), int(decomposition), int(splits), int(swizzle))
     _ws_need.clear()

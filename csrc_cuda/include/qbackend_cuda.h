@@ -97,7 +97,9 @@ int qb_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_t ldb, void
  * count, and their names (NULL past the end). qb_scaled_mm_override forces, for the calling
  * thread's later scaled_mm calls, a config (-1: automatic), a work decomposition for stream-K
  * capable configs (-1 automatic, 0 data-parallel, 1 split-K, 2 stream-K, 3 CUTLASS heuristic), a
- * split-K factor (used with decomposition 1) and a tile swizzle (SM90: 1, 2, 4 or 8).
+ * split-K factor (used with decomposition 1) and a tile swizzle (SM90: 1, 2, 4 or 8). The SM90
+ * small-M configs (names "stream_*") take the split factor as their cluster split of K (1 to 8,
+ * whatever the decomposition) and ignore the swizzle.
  * qb_scaled_mm_override(-1, -1, -1, -1) restores the automatic choice. A forced config that cannot
  * run a problem fails with QB_ERR_UNSUPPORTED. */
 int qb_scaled_mm_config_count(int a_dtype, int variant);
