@@ -56,9 +56,9 @@ for step in $steps; do
         > "$OUT/ncu_marlin_h200.txt" 2>&1 ;;
     memcheck)
       timeout 240 compute-sanitizer --tool memcheck python3 tests/gpu/memcheck_native.py 2>&1 | tail -8 ;;
-    racecheck)  # shared-memory hazards and barrier misuse in the marlin kernels
-      timeout 240 compute-sanitizer --tool racecheck python3 tests/gpu/memcheck_native.py marlin 2>&1 | tail -4
-      timeout 240 compute-sanitizer --tool synccheck python3 tests/gpu/memcheck_native.py marlin 2>&1 | tail -4 ;;
+    racecheck)  # shared-memory hazards and barrier misuse in the marlin and scaled_mm kernels
+      timeout 240 compute-sanitizer --tool racecheck python3 tests/gpu/memcheck_native.py marlin scaled_mm 2>&1 | tail -4
+      timeout 240 compute-sanitizer --tool synccheck python3 tests/gpu/memcheck_native.py marlin scaled_mm 2>&1 | tail -4 ;;
   esac
   echo "== step $step took $(( $(date +%s) - t0 )) s"
 done

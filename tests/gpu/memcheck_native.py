@@ -2,7 +2,8 @@
 
     compute-sanitizer --tool memcheck python tests/gpu/memcheck_native.py [scaled_mm] [quantize] [marlin]
 
-Runs every built scaled_mm family (partial tiles in M, N and K, sliced A, bias, split-K), every
+Runs every built scaled_mm family (partial tiles in M, N and K, sliced A, bias, split-K; the SM90
+small-M kernel forced at two cluster splits), every
 quantize mode (vector and scalar paths, sliced rows) and both marlin families (every m16-tile count,
 partial tiles, split-K with several contributors per column, sliced A) once; prints "memcheck
 workload done". The sanitizer's own summary ("ERROR SUMMARY: 0 errors") is the verdict; the same
@@ -21,21 +22,36 @@ dev = "cuda"
 parts = sys.argv[1:] or ["scaled_mm", "quantize", "marlin"]
 
 
+def _scaled_mm_calls(dtype, v, shapes):
+    for M, N, K in shapes:
+        a_big = (torch.randn(M, K + 32, device=dev) * 2).to(dtype)
+        a = a_big[:, 16:16 + K]
+        w = (torch.randn(N, K, device=dev) * 2).to(dtype)
+        out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+        sa, sb = torch.rand(M, 1, device=dev) + 0.5, torch.rand(1, N, device=dev) + 0.5
+        bias = torch.randn(N, device=dev, dtype=torch.bfloat16)
+        native.scaled_mm(a, w.t(), sa, sb, bias, out, variant=v)
+        native.scaled_mm(a, w.t(), sa[0], sb[0, 0], None, out, variant=v)
+        torch.cuda.synchronize()
+
+
 def scaled_mm_part():
     for dtype, variants in ((F8, (90, 89)), (torch.int8, (80, 75))):
         for v in variants:
             if not native.has_variant("scaled_mm_fp8" if dtype == F8 else "scaled_mm_int8", v):
                 continue
-            for M, N, K in ((1, 4096, 4096), (17, 2064, 1040), (300, 1040, 272)):
-                a_big = (torch.randn(M, K + 32, device=dev) * 2).to(dtype)
-                a = a_big[:, 16:16 + K]
-                w = (torch.randn(N, K, device=dev) * 2).to(dtype)
-                out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
-                sa, sb = torch.rand(M, 1, device=dev) + 0.5, torch.rand(1, N, device=dev) + 0.5
-                bias = torch.randn(N, device=dev, dtype=torch.bfloat16)
-                native.scaled_mm(a, w.t(), sa, sb, bias, out, variant=v)
-                native.scaled_mm(a, w.t(), sa[0], sb[0, 0], None, out, variant=v)
-                torch.cuda.synchronize()
+            _scaled_mm_calls(dtype, v, ((1, 4096, 4096), (17, 2064, 1040), (300, 1040, 272)))
+    # The SM90 small-M kernel forced, with and without a cluster split: every token tile, several of
+    # them, rows and K past the ends of the last tiles.
+    if native.has_variant("scaled_mm_fp8", 90):
+        names = native.config_names(F8, 90)
+        try:
+            for name in (n for n in names if n.startswith("stream")):
+                for splits in (1, 3):
+                    native.override(names.index(name), 1, splits, -1)
+                    _scaled_mm_calls(F8, 90, ((9, 2064, 1040), (40, 528, 16), (70, 1040, 4112)))
+        finally:
+            native.override()
 
 
 def quantize_part():
