@@ -3,16 +3,21 @@ tensorwise and rowwise), one launch each per shape, after a warm-up.
 
     ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum,\
 dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,\
-sm__throughput.avg.pct_of_peak_sustained_elapsed -k regex:"gemm|device_kernel|nvjet" \
-        python bench/profile_small_m.py > ncu_small_m.csv
+sm__throughput.avg.pct_of_peak_sustained_elapsed -k regex:"gemm|device_kernel|nvjet|small_m" \
+        python bench/profile_small_m.py > ncu_raw.csv
+    python bench/profile_small_m.py --summarize ncu_raw.csv > ncu_small_m.csv
 
 ncu flushes the caches before each kernel by default, so each weight is read from HBM, as in a model.
 Each call runs twice (a warm-up, then the one to read), so each kernel appears twice in a row, in the
-order printed here (qbackend, tensorwise, rowwise per shape).
+order printed here (qbackend, tensorwise, rowwise per shape). --summarize pairs the kernels read
+with those labels: one row per call, `M,N,K,impl,kernel,us,dram_read_MB,dram_pct_of_peak,grid,
+sm_pct_of_peak`.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import sys
 
 import torch
 
@@ -35,6 +40,39 @@ def run_for_profiler(label, calls, wanted) -> None:
         torch.cuda.synchronize()
 
 
+_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,  # to us
+          "byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}  # to MB
+
+
+def summarize(raw_path: str) -> None:
+    """The CSV described above, from ncu's raw CSV mixed with this script's labels (one file)."""
+    with open(raw_path) as f:
+        lines = f.read().splitlines()
+    labels = [ln.split() for ln in lines if ln.startswith("M=")]
+    table = list(csv.reader(ln for ln in lines if ln.startswith('"')))
+    head, units = table[0], table[1]
+    col = {name: i for i, name in enumerate(head)}
+    measured = [r for r in table[2:] if r and r[0].isdigit()][1::2]  # each call ran twice: warm-up, read
+    if len(measured) != len(labels):
+        sys.exit(f"{len(labels)} labelled calls but {len(measured)} measured kernels: is -k too wide?")
+
+    def num(r, metric):
+        unit = units[col[metric]]
+        if unit and unit != "%" and unit not in _SCALE:
+            sys.exit(f"{metric}: unit {unit!r} not known to --summarize")
+        return float(r[col[metric]].replace(",", "")) * _SCALE.get(unit, 1.0)
+
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(["M", "N", "K", "impl", "kernel", "us", "dram_read_MB", "dram_pct_of_peak", "grid",
+                     "sm_pct_of_peak"])
+    for (m, n, k, impl), r in zip(labels, measured):
+        writer.writerow([m[2:], n[2:], k[2:], impl, r[col["Kernel Name"]][:60],
+                         f"{num(r, 'gpu__time_duration.sum'):.2f}", f"{num(r, 'dram__bytes_read.sum'):.1f}",
+                         f"{num(r, 'dram__throughput.avg.pct_of_peak_sustained_elapsed'):.2f}",
+                         int(num(r, "launch__grid_size")),
+                         f"{num(r, 'sm__throughput.avg.pct_of_peak_sustained_elapsed'):.2f}"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", default="", help="M:N:K,... (default: the list above)")
@@ -42,7 +80,11 @@ def main() -> None:
     ap.add_argument("--config", type=int, default=-1, help="force this SM90 config for qbackend (data-parallel)")
     ap.add_argument("--splits", type=int, default=-1, help="with --config: split-K factor (for the small-M "
                                                             "kernel, its cluster split)")
+    ap.add_argument("--summarize", metavar="RAW_CSV", help="print the summary of a finished ncu run instead")
     args = ap.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
     points = [tuple(int(v) for v in p.split(":")) for p in args.points.split(",")] if args.points else POINTS
     if args.config >= 0:
         native.override(args.config, 1 if args.splits > 0 else 0, args.splits, 1)

@@ -40,12 +40,13 @@ for step in $steps; do
     bench)
       timeout 300 python3 bench/bench_scaled_mm.py --out "$OUT/scaled_mm_h200.json" 2>&1 ;;
     ncu)
-      timeout 200 ncu --clock-control none --csv --page raw -k regex:"gemm|device_kernel|nvjet" --metrics \
+      timeout 200 ncu --clock-control none --csv --page raw -k regex:"gemm|device_kernel|nvjet|small_m" --metrics \
         gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,sm__throughput.avg.pct_of_peak_sustained_elapsed \
-        python3 bench/profile_small_m.py > "$OUT/ncu_small_m.csv" 2>&1; tail -3 "$OUT/ncu_small_m.csv" ;;
+        python3 bench/profile_small_m.py > "$OUT/ncu_small_m_raw.csv" 2>&1
+      python3 bench/profile_small_m.py --summarize "$OUT/ncu_small_m_raw.csv" > "$OUT/ncu_small_m.csv"; cat "$OUT/ncu_small_m.csv" ;;
     ncu_detail)  # full sections for one small-M point against cuBLASLt, and config 3 at N = 10240
       S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy --section SchedulerStats"
-      timeout 200 ncu --clock-control none $S -k regex:"device_kernel|nvjet" python3 bench/profile_small_m.py \
+      timeout 200 ncu --clock-control none $S -k regex:"device_kernel|nvjet|small_m" python3 bench/profile_small_m.py \
         --points 1:4096:4096 --impls qbackend,tensorwise > "$OUT/ncu_detail_m1_4096x4096_h200.txt" 2>&1
       timeout 200 ncu --clock-control none $S -k regex:"device_kernel|nvjet" python3 bench/profile_small_m.py \
         --points 16:10240:8192 --config 3 --impls qbackend,tensorwise > "$OUT/ncu_detail_m16_10240x8192_cfg3_h200.txt" 2>&1 ;;
