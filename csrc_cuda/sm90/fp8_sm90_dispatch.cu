@@ -3,7 +3,7 @@
 // Buckets by M (tuned on the H200, see bench/bench_scaled_mm.py --tune): small M swaps operands so
 // the tokens sit on the tile's narrow N side; large M uses 128x128 ping-pong tiles. Cooperative
 // configs may split K across SMs (stream-K / split-K), which needs the caller's workspace; without
-// one they run data-parallel. Up to 64 tokens, the dispatcher first asks the small-M kernel
+// one they run data-parallel. Up to 32 tokens, the dispatcher first asks the small-M kernel
 // (fp8_sm90_small_m.cu) for a plan; it is also listed, forcible, as the configs after CUTLASS's.
 #include "fp8_sm90_configs.h"
 #include "fp8_sm90_small_m.h"
