@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "../common/smem_limit.h"
 #include "marlin_kernel.cuh"
 #include "qbackend_cuda.h"
 
@@ -12,19 +13,12 @@ namespace host {
 
 constexpr int kMaxDevices = 64;
 
-// Raise one kernel instance's dynamic shared-memory limit once per device (the static array is
-// per template instance; racing threads only repeat an idempotent call).
+// Raise one kernel instance's dynamic shared-memory limit once per device (the record is per
+// template instance).
 template <int MT, bool BF16, int ARCH>
 inline cudaError_t allow_smem(int bytes) {
-  static int allowed[kMaxDevices] = {0};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  const bool cached = dev >= 0 && dev < kMaxDevices;
-  if (cached && allowed[dev] >= bytes) return cudaSuccess;
-  e = cudaFuncSetAttribute(kern::marlin_mm_kernel<MT, BF16, ARCH>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e == cudaSuccess && cached) allowed[dev] = bytes;
-  return e;
+  static int allowed[qb::kSmemLimitDevices] = {0};
+  return qb::allow_dynamic_smem(kern::marlin_mm_kernel<MT, BF16, ARCH>, bytes, allowed);
 }
 
 // Pipeline depth and resident blocks per multiprocessor for one m16-tile count.

@@ -98,10 +98,13 @@ Plan make_plan(const ScaledMmArgs& a) {
 
 namespace {
 // The small-M plan this call runs, if it runs the small-M kernel: forced as a config (its split
-// count then comes from the override's `splits`), or chosen automatically.
+// count then comes from the override's `splits`), or chosen automatically. Configs past the last
+// one run nothing here (sm90_fp8_scaled_mm reports them).
 bool small_m_plan(const ScaledMmArgs& a, sm90::SmallMPlan* plan) {
-  if (a.config >= sm90::kNumConfigs) {
-    *plan = sm90::small_m_forced_plan(a, sm90::kSmallMRows[a.config - sm90::kNumConfigs], a.splits);
+  const int forced = a.config - sm90::kNumConfigs;
+  if (forced >= sm90::kSmallMConfigs) return false;
+  if (forced >= 0) {
+    *plan = sm90::small_m_forced_plan(a, sm90::kSmallMRows[forced], a.splits);
     return true;
   }
   return a.config < 0 && sm90::small_m_auto_plan(a, plan);
@@ -110,7 +113,7 @@ bool small_m_plan(const ScaledMmArgs& a, sm90::SmallMPlan* plan) {
 
 size_t sm90_fp8_workspace(const ScaledMmArgs& a) {
   sm90::SmallMPlan small;
-  if (a.config < sm90::kNumConfigs + sm90::kSmallMConfigs && small_m_plan(a, &small)) return 0;
+  if (small_m_plan(a, &small)) return 0;
   const sm90::Plan p = sm90::make_plan(a);
   return sm90::kWs[p.config][a.out_dtype == QB_F16](a, p.opts);
 }

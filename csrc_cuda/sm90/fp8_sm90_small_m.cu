@@ -34,6 +34,7 @@
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "../common/smem_limit.h"
 #include "fp8_sm90_small_m.h"
 
 namespace qb::sm90 {
@@ -45,7 +46,6 @@ constexpr int kMaxStages = 12;
 constexpr int kMaxSplits = 8;           // the portable cluster size limit
 constexpr int kSmemPerSm = 228 * 1024;  // H100 / H200, the sm_90a parts
 constexpr int kSmemOptin = 227 * 1024 - 256;  // the per-block limit, less this kernel's static barriers
-constexpr int kMaxDevices = 64;
 // Shared memory per CTA the ring depth is sized for: at most half an SM, so that when the next
 // kernel is launched as a programmatic dependent, its CTAs find room next to this kernel's and
 // start while this one finishes (on the H200, deeper rings that left room for only one CTA per SM
@@ -68,7 +68,6 @@ struct Params {
   int M, N;
   int k_tiles;
   int stages;
-  int prefetch_tiles;
   int scale_a_per_row, scale_b_per_col;
 };
 
@@ -160,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
     if (lane == 0) {
       cute::prefetch_tma_descriptor(&p.w_map);
       cute::prefetch_tma_descriptor(&p.a_map);
-      const int pf = nk < p.prefetch_tiles ? nk : p.prefetch_tiles;
+      const int pf = nk < kPrefetchTiles ? nk : kPrefetchTiles;
       for (int t = 0; t < pf; ++t)
         cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.w_map, (kt0 + t) * kTileK, row_tile * ROWS);
       asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -325,7 +324,6 @@ SmallMPlan make_plan(const ScaledMmArgs& a, int rows, int splits) {
   if (splits > kMaxSplits) splits = kMaxSplits;
   if (splits > k_tiles) splits = int(k_tiles);
   pl.splits = splits;
-  pl.prefetch_tiles = kPrefetchTiles;
   return pl;
 }
 
@@ -364,17 +362,9 @@ template <int ROWS, int TOK, class OutT>
 int launch(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, const Err& err) {
   auto* kernel = small_m_kernel<ROWS, TOK, OutT>;
   const int smem = smem_bytes(ROWS, TOK, pl.stages);
-  // Raise the dynamic shared-memory limit when a launch needs more than before on this device
-  // (idempotent if threads race).
-  static int allowed[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return err.cuda(e, "sm90 fp8 small-M: cudaGetDevice");
-  if (dev < 0 || dev >= kMaxDevices || allowed[dev] < smem) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return err.cuda(e, "sm90 fp8 small-M: cudaFuncSetAttribute");
-    if (dev >= 0 && dev < kMaxDevices) allowed[dev] = smem;
-  }
+  static int allowed[kSmemLimitDevices] = {};  // per kernel instance
+  cudaError_t e = allow_dynamic_smem(kernel, smem, allowed);
+  if (e != cudaSuccess) return err.cuda(e, "sm90 fp8 small-M: raising the shared-memory limit");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(pl.splits), unsigned(pl.row_tiles), unsigned(pl.token_tiles));
   cfg.blockDim = dim3(kThreads, 1, 1);
@@ -467,7 +457,6 @@ int small_m_run(const ScaledMmArgs& a, const SmallMPlan& pl, const Err& err) {
   prm.N = int(a.N);
   prm.k_tiles = int(cdiv(a.K, kTileK));
   prm.stages = pl.stages;
-  prm.prefetch_tiles = pl.prefetch_tiles;
   prm.scale_a_per_row = a.scale_a_per_row;
   prm.scale_b_per_col = a.scale_b_per_col;
   return a.out_dtype == QB_F16 ? launch_rows<__half>(a, pl, prm, err) : launch_rows<__nv_bfloat16>(a, pl, prm, err);

@@ -16,7 +16,6 @@ struct SmallMPlan {
   int tokens;          // token tile: 8, 16, 32 or 64 (M is covered by ceil(M / tokens) tiles)
   int stages;          // depth of the shared-memory ring
   int splits;          // CTAs of one cluster that share a tile's K range (1 to 8)
-  int prefetch_tiles;  // weight tiles each CTA asks L2 for before the previous kernel has finished
   int64_t row_tiles, token_tiles;
 };
 

@@ -293,6 +293,22 @@ def _chain_outputs(chain, steps, shape, graphs, programmatic):
         native.set_programmatic_launch(True)
 
 
+def _programmatic_outputs(chain, steps, shape, graphs):
+    """chain's outputs with programmatic launches, after checking that they are bit-identical to
+    those of plain stream-ordered launches."""
+    plain = _chain_outputs(chain, steps, shape, graphs, False)
+    overlapped = _chain_outputs(chain, steps, shape, graphs, True)
+    for i, (p, o) in enumerate(zip(plain, overlapped)):
+        assert torch.equal(p.view(torch.int16), o.view(torch.int16)), f"step {i}: differs with programmatic launch"
+    return overlapped
+
+
+def _per_token_fp8(x):
+    """The oracle of dynamic per-token e4m3 quantization of x (float32): (scales [rows, 1], codes)."""
+    s = (x.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1.0 / (448.0 * 512.0))
+    return s, (x / s).clamp(-448, 448).to(F8)
+
+
 @SM90_ONLY
 @pytest.mark.parametrize("graphs", [False, True])
 def test_programmatic_launch_waits_for_the_previous_kernel(graphs):
@@ -312,13 +328,8 @@ def test_programmatic_launch_waits_for_the_previous_kernel(graphs):
             native.quantize(x, q, s, native.DYNAMIC_TOKEN)
             native.scaled_mm(q, w.t(), s, sb, None, out)
 
-    plain, overlapped = _chain_outputs(chain, steps, (M, N), graphs, False), \
-        _chain_outputs(chain, steps, (M, N), graphs, True)
-    for i, (a, b) in enumerate(zip(plain, overlapped)):
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"step {i}: differs with programmatic launch"
-    x = xs[-1].float()
-    s_ref = (x.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1.0 / (448.0 * 512.0))
-    q_ref = (x / s_ref).clamp(-448, 448).to(F8)
+    overlapped = _programmatic_outputs(chain, steps, (M, N), graphs)
+    s_ref, q_ref = _per_token_fp8(xs[-1].float())
     ref = s_ref.double() * sb.double() * (q_ref.double() @ w.double().t())
     _check(overlapped[-1], ref, s_ref.double() * sb.double() * (q_ref.double().abs() @ w.double().abs().t()),
            2.0 ** -7, 2.0 ** -9, 2e-2, "last step")
@@ -343,13 +354,8 @@ def test_programmatic_launch_sees_a_weight_written_just_before(graphs):
             native.quantize(w, wq, sw, native.DYNAMIC_TOKEN)
             native.scaled_mm(a, wq.t(), sa, sw.view(1, N), None, out)
 
-    plain, overlapped = _chain_outputs(chain, steps, (M, N), graphs, False), \
-        _chain_outputs(chain, steps, (M, N), graphs, True)
-    for i, (p, o) in enumerate(zip(plain, overlapped)):
-        assert torch.equal(p.view(torch.int16), o.view(torch.int16)), f"step {i}: differs with programmatic launch"
-    w = ws[-1].float()
-    s_ref = (w.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1.0 / (448.0 * 512.0))
-    q_ref = (w / s_ref).clamp(-448, 448).to(F8)
+    overlapped = _programmatic_outputs(chain, steps, (M, N), graphs)
+    s_ref, q_ref = _per_token_fp8(ws[-1].float())
     ref = (a.double() @ q_ref.double().t()) * s_ref.double().t()
     _check(overlapped[-1], ref, (a.double().abs() @ q_ref.double().abs().t()) * s_ref.double().t(),
            2.0 ** -7, 2.0 ** -9, 2e-2, "last step")
