@@ -29,11 +29,32 @@ struct LaunchShape {
 
 // Automatic choice, from H200 measurements (bench_marlin.py --tune, M = 1 and 16): two resident
 // blocks of 8 warps per multiprocessor with a 3-deep ring stream large weights fastest (28672x4096:
-// 34.1 us against 38.1 with one block; 57344x8192: 111.6 against 123.0), while for small weights
-// (4096x4096, 1024 tiles) one block wins (10.7 against 12.6 us) and its ring depth matters little
-// (within 2 % from 3 to 8). Two blocks are used when each would still get >= 12 tiles
-// (units >= 24 * SMs).
-constexpr int kTwoBlocksMinTilesPerBlock = 12;
+// 34.1 us against 38.1 with one block; 57344x8192: 111.6 against 123.0), while up to about 8192x8192
+// (4096 tiles) one block wins: 4096x4096 10.7 against 12.4 us, 4096x14336 21.0 / 21.4 against
+// 21.7 / 23.9 (M = 1 / 16), 8192x8192 level at M = 1 and 22.6 against 23.8 at M = 16. Its ring depth
+// matters little (within 2 % from 3 to 8). Two blocks are used when each would still get >= 18
+// tiles (units >= 36 * SMs; 10240x8192, 5120 tiles, stays on two: 27.5 us).
+constexpr int kTwoBlocksMinTilesPerBlock = 18;
+
+// A block's run of `per` tiles is aligned with the columns when per divides KT (each column is split
+// into whole runs) or KT divides per (runs of whole columns). A misaligned run ends two segments,
+// and the first one's split-K hand-over (reduction barriers, partial sums, counter) stalls the
+// block's stream midway. Rounding the run up to the next aligned length is worth up to
+// kAlignSlackTiles more tiles per block (H200, M = 1: 6144x4096 12 -> 16 tiles, 14.6 -> 13.8 us;
+// 28672x4096 28 -> 32, which needs no split-K at all, 33.8 -> 31.7 us; 8192x28672 55 -> 56,
+// 61.3 -> 59.4 us; not worth it at 57344x8192, 109 -> 128 tiles, 111 -> 116 us, nor at 10240x8192,
+// 20 -> 32 tiles, 27.5 -> 32.5 us).
+constexpr int kAlignSlackTiles = 4;
+
+inline int aligned_run(int per, int KT) {
+  int a = per;
+  if (per >= KT) {
+    a = static_cast<int>(cdiv(per, KT)) * KT;
+  } else {
+    while (KT % a != 0) ++a;  // terminates at KT at the latest
+  }
+  return a - per <= kAlignSlackTiles ? a : per;
+}
 
 template <int ARCH>
 inline LaunchShape launch_shape(int MT, int units, const MmArgs& a) {
@@ -108,7 +129,7 @@ inline int launch(const kern::Params& prm, const MmArgs& a, char* err, size_t er
   if (g > a.max_grid) g = a.max_grid;
   if (g < 1) g = 1;
   kern::Params q = prm;
-  q.per = static_cast<int>(cdiv(prm.units, g));
+  q.per = aligned_run(static_cast<int>(cdiv(prm.units, g)), prm.KT);
   const int grid = static_cast<int>(cdiv(prm.units, q.per));
   q.stages = ls.stages;
   kern::marlin_mm_kernel<MT, BF16, ARCH><<<grid, kThreads, smem, a.stream>>>(q);

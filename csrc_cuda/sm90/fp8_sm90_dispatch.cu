@@ -46,8 +46,9 @@ double wave_efficiency(int64_t tiles, int sms) {
 //             full: 128x128 cooperative with stream-K; otherwise 128x128 ping-pong (cluster 2x1).
 //   larger    128x128 ping-pong (cluster 2x1); 128x256 cooperative with a swizzle of 8 for the big
 //             problems (M N K >= 2^39, or M >= 4096 with N, K >= 8192), where L2 reuse between
-//             concurrently running CTAs decides; 128x128 cooperative with stream-K when the tile
-//             count leaves the last wave under 75 % full.
+//             concurrently running CTAs decides. A ragged last wave does not call for stream-K here:
+//             at 512x6144x4096 (192 tiles, last wave 45 % full) 128x128 stream-K took 31.4 us, the
+//             other candidates 27.4 to 28.0 (bench/ab_configs.py: interleaved rounds, median of 3).
 Plan pick_plan(const ScaledMmArgs& a) {
   Plan p{};
   const int sms = a.sm_count > 0 ? a.sm_count : 132;
@@ -68,9 +69,6 @@ Plan pick_plan(const ScaledMmArgs& a) {
     p.config = 6;
     p.opts.decomp = Decomp::Heuristic;
     p.opts.swizzle = 8;
-  } else if (ragged_last_wave) {
-    p.config = 5;
-    p.opts.decomp = Decomp::Heuristic;
   } else {
     p.config = 7;
   }

@@ -3,10 +3,10 @@
     compute-sanitizer --tool memcheck python tests/gpu/memcheck_native.py [scaled_mm] [quantize] [marlin]
 
 Runs every built scaled_mm family (partial tiles in M, N and K, sliced A, bias, split-K; the SM90
-small-M kernel forced at two cluster splits), every
-quantize mode (vector and scalar paths, sliced rows) and both marlin families (every m16-tile count,
-partial tiles, split-K with several contributors per column, sliced A) once; prints "memcheck
-workload done". The sanitizer's own summary ("ERROR SUMMARY: 0 errors") is the verdict; the same
+small-M kernel forced at two cluster splits), every quantize mode (vector and scalar paths, sliced
+rows) and both marlin families (every m16-tile count, partial tiles, split-K with several
+contributors per column, column-aligned block runs, sliced A) once; prints "memcheck workload done".
+The sanitizer's own summary ("ERROR SUMMARY: 0 errors") is the verdict; the same
 workload serves `--tool racecheck` and `--tool synccheck`. Arguments narrow it to some of its parts
 (default: all). Not collected by pytest.
 """
@@ -74,7 +74,10 @@ def marlin_part():
         if not mn.has_variant(v):
             continue
         for dtype in ((torch.float16, torch.bfloat16) if v == 80 else (torch.float16,)):
-            for M, N, K in ((1, 1024, 4096), (17, 264, 1040), (40, 128, 136), (64, 520, 392), (100, 136, 2056)):
+            # 1536x4096 and 25600x384: block runs rounded up to a column-aligned length (on 132 SMs:
+            # 3 -> 4 tiles of a 32-tile column; 5 -> 6 tiles, two whole 3-tile columns, no split-K)
+            for M, N, K in ((1, 1024, 4096), (17, 264, 1040), (40, 128, 136), (64, 520, 392), (100, 136, 2056),
+                            (1, 1536, 4096), (3, 25600, 384)):
                 codes = torch.randint(0, 256, (N, K), dtype=torch.uint8, device=dev)
                 w = torch.where((codes & 0x7F) == 0x7F, codes ^ 1, codes).view(F8)
                 a = torch.randn(M, K + 16, device=dev).to(dtype)[:, 8:8 + K]

@@ -1,0 +1,85 @@
+"""Interleaved A/B of SM90 scaled_mm configs: the dispatcher's choice next to forced candidates.
+
+    python bench/ab_configs.py [--ms 256,512,1024,2048] [--shapes N:K,...] [--rounds 3]
+
+Why not --tune: under sustained FP8 GEMM load the H200 sits at its 700 W power limit and its SM
+clock wanders (1.2 to 1.75 GHz seen within one minute), so timings taken one after the other drift by
++-10 %. Here every candidate of a point is timed once per round, the order reversed every other round,
+and each candidate's median over the rounds is reported: drift then hits all candidates alike.
+Timing as bench_scaled_mm.graph_time (CUDA-graph replay, weights rotated past L2), ~8 ms per trial.
+Prints one line per point; the decisions in fp8_sm90_dispatch.cu cite these lines.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+from qbackend_providers import native
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_scaled_mm import F8, SHAPES, Problem, graph_time  # noqa: E402  (one timing method)
+
+# label -> (config name, decomposition: 0 data-parallel, 2 stream-K, 3 CUTLASS heuristic); "auto" is
+# the dispatcher's own choice.
+CANDIDATES = {
+    "auto": None,
+    "ping128x128/dp": ("128x128x128_ping_c2x1", 0),
+    "coop128x128/streamk": ("128x128x128_coop", 2),
+    "coop128x256/heur": ("128x256x128_coop_c2x1", 3),
+    "coop128x256/streamk": ("128x256x128_coop_c2x1", 2),
+    "coop256x128/heur": ("256x128x128_coop_c2x1", 3),
+}
+# Up to M = 256 the swapped configs are candidates too.
+SMALL_M_CANDIDATES = {
+    "swap128x64/dp": ("swap_128x64x128_coop", 0),
+    "swap64x128/dp": ("swap_64x128x128_ping", 0),
+}
+
+
+def time_candidate(prob: Problem, M: int, inputs, cand) -> float:
+    ab, af, sa = inputs
+    if cand == "tensorwise":
+        return graph_time(prob.fns("torch._scaled_mm.tensorwise", M, ab, af, sa), target_ms=8.0)
+    if cand is not None:
+        config = native.config_names(F8, 90).index(cand[0])
+        native.override(config, cand[1], -1, 1)
+    try:
+        return graph_time(prob.fns("qbackend.cutlass", M, ab, af, sa), target_ms=8.0)
+    finally:
+        native.override()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ms", default="256,512,1024,2048")
+    ap.add_argument("--shapes", default="", help="N:K,N:K,... (default: the issue-3 list)")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if native.load() is None:
+        sys.exit(f"native library unavailable: {native.load_error()}")
+    shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    ms = [int(m) for m in args.ms.split(",")]
+    for (N, K) in shapes:
+        prob = Problem(N, K, want_bf16=False)
+        for M in ms:
+            inputs = prob.inputs(M)
+            cands = dict(CANDIDATES, **(SMALL_M_CANDIDATES if M <= 256 else {}), tensorwise="tensorwise")
+            times = {label: [] for label in cands}
+            for rnd in range(args.rounds):
+                for label in (list(cands) if rnd % 2 == 0 else list(cands)[::-1]):
+                    times[label].append(time_candidate(prob, M, inputs, cands[label]))
+            med = {label: statistics.median(ts) for label, ts in times.items()}
+            best = min((us, label) for label, us in med.items() if label != "tensorwise")
+            print(f"M={M} N={N} K={K} " + " ".join(f"{label}={us:.1f}" for label, us in med.items()) +
+                  f" | fastest {best[1]}; auto at x{med['tensorwise'] / med['auto']:.2f} of tensorwise",
+                  flush=True)
+        del prob
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
