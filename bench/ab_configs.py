@@ -1,6 +1,6 @@
 """Interleaved A/B of SM90 scaled_mm configs: the dispatcher's choice next to forced candidates.
 
-    python bench/ab_configs.py [--ms 256,512,1024,2048] [--shapes N:K,...] [--rounds 3]
+    python bench/ab_configs.py [--ms 64,128,256,512,1024,2048] [--shapes N:K,...] [--rounds 3]
 
 Why not --tune: under sustained FP8 GEMM load the H200 sits at its 700 W power limit and its SM
 clock wanders (1.2 to 1.75 GHz seen within one minute), so timings taken one after the other drift by
@@ -23,9 +23,10 @@ from qbackend_providers import native
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scaled_mm import F8, SHAPES, Problem, graph_time  # noqa: E402  (one timing method)
 
-# label -> (config name, decomposition: 0 data-parallel, 2 stream-K, 3 CUTLASS heuristic); "auto" is
-# the dispatcher's own choice.
-CANDIDATES = {
+# label -> (config name, decomposition: 0 data-parallel, 2 stream-K, 3 CUTLASS heuristic[, splits]);
+# "auto" is the dispatcher's own choice. For the small-M kernel ("stream_*") `splits` is its cluster
+# split of K.
+LARGE_M = {
     "auto": None,
     "ping128x128/dp": ("128x128x128_ping_c2x1", 0),
     "coop128x128/streamk": ("128x128x128_coop", 2),
@@ -33,11 +34,27 @@ CANDIDATES = {
     "coop128x256/streamk": ("128x256x128_coop_c2x1", 2),
     "coop256x128/heur": ("256x128x128_coop_c2x1", 3),
 }
-# Up to M = 256 the swapped configs are candidates too.
-SMALL_M_CANDIDATES = {
+SWAPPED = {
     "swap128x64/dp": ("swap_128x64x128_coop", 0),
     "swap64x128/dp": ("swap_64x128x128_ping", 0),
 }
+SMALL_M = {
+    "auto": None,
+    "swap64x64/dp": ("swap_64x64x128_ping", 0),
+    **SWAPPED,
+    "swap128x64/streamk": ("swap_128x64x128_coop", 2),
+    "swap128x64/heur": ("swap_128x64x128_coop", 3),
+    "coop128x128/heur": ("128x128x128_coop", 3),
+    "stream128/s1": ("stream_128", 0, 1),
+    "stream128/s2": ("stream_128", 0, 2),
+}
+
+
+def candidates(M: int) -> dict:
+    """The configs worth timing at M (the small-M kernel takes at most 64 tokens)."""
+    if M <= 128:
+        return {k: v for k, v in SMALL_M.items() if not (v and v[0].startswith("stream") and M > 64)}
+    return dict(LARGE_M, **SWAPPED) if M <= 256 else dict(LARGE_M)
 
 
 def time_candidate(prob: Problem, M: int, inputs, cand) -> float:
@@ -46,7 +63,7 @@ def time_candidate(prob: Problem, M: int, inputs, cand) -> float:
         return graph_time(prob.fns("torch._scaled_mm.tensorwise", M, ab, af, sa), target_ms=8.0)
     if cand is not None:
         config = native.config_names(F8, 90).index(cand[0])
-        native.override(config, cand[1], -1, 1)
+        native.override(config, cand[1], cand[2] if len(cand) > 2 else -1, 1)
     try:
         return graph_time(prob.fns("qbackend.cutlass", M, ab, af, sa), target_ms=8.0)
     finally:
@@ -55,7 +72,7 @@ def time_candidate(prob: Problem, M: int, inputs, cand) -> float:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ms", default="256,512,1024,2048")
+    ap.add_argument("--ms", default="64,128,256,512,1024,2048")
     ap.add_argument("--shapes", default="", help="N:K,N:K,... (default: the issue-3 list)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
@@ -67,7 +84,7 @@ def main():
         prob = Problem(N, K, want_bf16=False)
         for M in ms:
             inputs = prob.inputs(M)
-            cands = dict(CANDIDATES, **(SMALL_M_CANDIDATES if M <= 256 else {}), tensorwise="tensorwise")
+            cands = dict(candidates(M), tensorwise="tensorwise")
             times = {label: [] for label in cands}
             for rnd in range(args.rounds):
                 for label in (list(cands) if rnd % 2 == 0 else list(cands)[::-1]):

@@ -35,8 +35,8 @@ for step in $steps; do
       timeout 500 python3 bench/bench_e2e.py --compile --out "$OUT/e2e_h200.json" 2>&1 | grep -v Warning | tail -60 ;;
     tune)
       timeout 220 python3 bench/bench_scaled_mm.py --tune --ms ${TUNE_MS:-1,16,32,64,128,256,1024,4096,8192} --shapes ${TUNE_SHAPES:-4096:4096,6144:4096,28672:4096,4096:14336,8192:8192,57344:8192} --configs "${TUNE_CONFIGS:-}" --out "$OUT/tune.json" 2>&1 | grep -v "^  " ;;
-    ab)  # interleaved A/B of the dispatcher's choice against forced configs, M >= 256
-      timeout 300 python3 bench/ab_configs.py --ms ${AB_MS:-256,512,1024,2048} 2>&1 ;;
+    ab)  # interleaved A/B of the dispatcher's choice against forced configs, M >= 64
+      timeout 300 python3 bench/ab_configs.py --ms ${AB_MS:-64,128,256,512,1024,2048} 2>&1 ;;
     qbench)
       timeout 120 python3 bench/bench_quantize.py --out "$OUT/quantize_h200.json" 2>&1 ;;
     bench)
