@@ -3,6 +3,7 @@
 // - Err: writes a status and a formatted message into the caller's buffer (the ABI's err/err_len).
 // - device_sm_count(): per-device multiprocessor count, cached so no call after the first queries
 //   device properties (cudaGetDevice only: no context is created beyond what launches need).
+// - cdiv(): ceiling division for tile and block counts.
 // - ScaledMmArgs: one already-validated scaled_mm request, handed from the dispatcher to a family.
 // - the family entry points, each compiled only when its arch is in QB_CUDA_ARCHS.
 #pragma once
@@ -36,6 +37,9 @@ struct DeviceInfo {
 };
 // Returns QB_OK or QB_ERR_CUDA (err filled).
 int current_device(DeviceInfo* info, const Err& err);
+
+// Ceiling of a / b for positive sizes: tile and block counts.
+constexpr int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Whether kernels that support it are launched as programmatic dependents of the kernel before them
 // (qb_set_programmatic_launch; on by default). Only sm_90+ kernels act on it.

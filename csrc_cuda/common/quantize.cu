@@ -410,8 +410,6 @@ cudaError_t launch_kernel(void (*kernel)(Params...), unsigned grid, int block, c
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 template <typename T, int VEC, int QD>
 int launch(const QuantArgs& a, const qb::Err& err) {
   const int64_t nvec = a.cols / VEC;
@@ -420,12 +418,12 @@ int launch(const QuantArgs& a, const qb::Err& err) {
   // Enough resident blocks to cover the GPU several times over; grid-stride does the rest.
   const int64_t grid_cap = int64_t(a.sm_count) * 16;
   const int threads = 256;
-  const unsigned grid_ew = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cdiv(total, threads), grid_cap)));
+  const unsigned grid_ew = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(qb::cdiv(total, threads), grid_cap)));
 
   if (a.mode == QB_QUANT_DYNAMIC_TOKEN) {
     // kCacheVecs vectors per thread: short rows get small blocks (more rows in flight per SM).
     const int t = static_cast<int>(
-        std::min<int64_t>(kMaxTokenThreads, std::max<int64_t>(32, cdiv(cdiv(nvec, kCacheVecs), 32) * 32)));
+        std::min<int64_t>(kMaxTokenThreads, std::max<int64_t>(32, qb::cdiv(qb::cdiv(nvec, kCacheVecs), 32) * 32)));
     const bool fits = t <= kMaxPipelinedThreads;
     // Measured on the H200 (bench_quantize.py): the row-pipelined kernel was no faster at 8192 x
     // 14336 and 19 % slower at 8192 x 4096 (39.3 vs 33.1 us) than one block per row, so it runs

@@ -27,8 +27,6 @@ struct Plan {
   RunOpts opts;
 };
 
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Fraction of the last wave's SMs that have work, for `tiles` equal tiles on `sms` SMs.
 double wave_efficiency(int64_t tiles, int sms) {
   const int64_t waves = cdiv(tiles, sms);

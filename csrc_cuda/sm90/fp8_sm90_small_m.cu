@@ -31,7 +31,7 @@
 #include <cute/arch/cluster_sm90.hpp>
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
-#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90.hpp>
 #include <cutlass/arch/barrier.h>
 
 #include "../common/smem_limit.h"
@@ -91,28 +91,15 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// wgmma m64 nT k32, e4m3 x e4m3 -> f32, both operands K-major from shared memory (CuTe's selector
+// gives MMA_64xTx32_F32E4M3E4M3_SS_TN for T = 8, 16, 32, 64).
 template <int T>
-struct Gmma;  // wgmma m64 nT k32, e4m3 x e4m3 -> f32, both operands from shared memory
-template <>
-struct Gmma<8> {
-  using Op = cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_SS_TN<>;
-};
-template <>
-struct Gmma<16> {
-  using Op = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>;
-};
-template <>
-struct Gmma<32> {
-  using Op = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>;
-};
-template <>
-struct Gmma<64> {
-  using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
-};
+using GmmaOp = decltype(cute::SM90::GMMA::ss_op_selector<cute::float_e4m3_t, cute::float_e4m3_t, float,
+                                                         cute::Shape<cute::_64, cute::Int<T>, cute::_32>>());
 
 template <int T, size_t... I>
 __device__ __forceinline__ void gmma(uint64_t w, uint64_t a, float (&d)[T / 2], std::index_sequence<I...>) {
-  Gmma<T>::Op::fma(w, a, d[I]...);
+  GmmaOp<T>::fma(w, a, d[I]...);
 }
 
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
@@ -299,8 +286,6 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
 }
 
 // ---- host ---------------------------------------------------------------------------------------------
-
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int stage_bytes(int rows, int tokens) { return (rows + tokens) * kTileK; }
 int smem_bytes(int rows, int tokens, int stages) { return stages * stage_bytes(rows, tokens) + 1024; }
