@@ -5,7 +5,9 @@
 Why not --tune: under sustained FP8 GEMM load the H200 sits at its 700 W power limit and its SM
 clock wanders (1.2 to 1.75 GHz seen within one minute), so timings taken one after the other drift by
 +-10 %. Here every candidate of a point is timed once per round, the order reversed every other round,
-and each candidate's median over the rounds is reported: drift then hits all candidates alike.
+and each candidate's median over the rounds is reported: drift then hits all candidates alike. What
+is left is still several per cent: the dispatcher's choice and the same config forced, timed in the
+same rounds, differ by up to 6 % in bench/results/scaled_mm_ab_h200.log.
 Timing as bench_scaled_mm.graph_time (CUDA-graph replay, weights rotated past L2), ~8 ms per trial.
 Prints one line per point; the decisions in fp8_sm90_dispatch.cu cite these lines.
 """
@@ -23,9 +25,9 @@ from qbackend_providers import native
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scaled_mm import F8, SHAPES, Problem, graph_time  # noqa: E402  (one timing method)
 
-# label -> (config name, decomposition: 0 data-parallel, 2 stream-K, 3 CUTLASS heuristic[, splits]);
-# "auto" is the dispatcher's own choice. For the small-M kernel ("stream_*") `splits` is its cluster
-# split of K.
+# label -> (config name, decomposition: 0 data-parallel, 2 stream-K, 3 CUTLASS heuristic[, splits
+# [, swizzle]]); "auto" is the dispatcher's own choice. For the small-M kernel ("stream_*") `splits`
+# is its cluster split of K. Swizzle 1 unless given.
 LARGE_M = {
     "auto": None,
     "ping128x128/dp": ("128x128x128_ping_c2x1", 0),
@@ -33,6 +35,17 @@ LARGE_M = {
     "coop128x256/heur": ("128x256x128_coop_c2x1", 3),
     "coop128x256/streamk": ("128x256x128_coop_c2x1", 2),
     "coop256x128/heur": ("256x128x128_coop_c2x1", 3),
+    "coop128x96/dp": ("128x96x128_coop", 0),
+    "coop128x192/dp": ("128x192x128_coop", 0),
+}
+# Above M = 2048 the tile rasterization decides how much of A and B neighbouring CTAs share in L2.
+HUGE_M = {
+    "ping128x128/dp/sw4": ("128x128x128_ping_c2x1", 0, -1, 4),
+    "ping128x128/dp/sw8": ("128x128x128_ping_c2x1", 0, -1, 8),
+    "coop128x256/heur/sw8": ("128x256x128_coop_c2x1", 3, -1, 8),
+    "coop128x256/streamk/sw8": ("128x256x128_coop_c2x1", 2, -1, 8),
+    "coop256x128/heur/sw8": ("256x128x128_coop_c2x1", 3, -1, 8),
+    "coop256x128/dp/sw4": ("256x128x128_coop_c2x1", 0, -1, 4),
 }
 SWAPPED = {
     "swap128x64/dp": ("swap_128x64x128_coop", 0),
@@ -45,6 +58,11 @@ SMALL_M = {
     "swap128x64/streamk": ("swap_128x64x128_coop", 2),
     "swap128x64/heur": ("swap_128x64x128_coop", 3),
     "coop128x128/heur": ("128x128x128_coop", 3),
+    "coop128x128/streamk": ("128x128x128_coop", 2),
+    "coop128x96/dp": ("128x96x128_coop", 0),
+    "coop128x192/dp": ("128x192x128_coop", 0),
+    "stream64/s1": ("stream_64", 0, 1),
+    "stream64/s2": ("stream_64", 0, 2),
     "stream128/s1": ("stream_128", 0, 1),
     "stream128/s2": ("stream_128", 0, 2),
 }
@@ -53,8 +71,18 @@ SMALL_M = {
 def candidates(M: int) -> dict:
     """The configs worth timing at M (the small-M kernel takes at most 64 tokens)."""
     if M <= 128:
-        return {k: v for k, v in SMALL_M.items() if not (v and v[0].startswith("stream") and M > 64)}
-    return dict(LARGE_M, **SWAPPED) if M <= 256 else dict(LARGE_M)
+
+        def wanted(v):
+            if v and v[0].startswith("stream"):
+                return M <= 64  # the small-M kernel takes at most 64 tokens
+            if v and v[0] in ("128x96x128_coop", "128x192x128_coop"):
+                return M > 64  # the wave-fit tiles: 128 token rows
+            return True
+
+        return {k: v for k, v in SMALL_M.items() if wanted(v)}
+    if M <= 256:
+        return dict(LARGE_M, **SWAPPED)
+    return dict(LARGE_M, **HUGE_M) if M > 2048 else dict(LARGE_M)
 
 
 def time_candidate(prob: Problem, M: int, inputs, cand) -> float:
@@ -63,7 +91,7 @@ def time_candidate(prob: Problem, M: int, inputs, cand) -> float:
         return graph_time(prob.fns("torch._scaled_mm.tensorwise", M, ab, af, sa), target_ms=8.0)
     if cand is not None:
         config = native.config_names(F8, 90).index(cand[0])
-        native.override(config, cand[1], cand[2] if len(cand) > 2 else -1, 1)
+        native.override(config, cand[1], cand[2] if len(cand) > 2 else -1, cand[3] if len(cand) > 3 else 1)
     try:
         return graph_time(prob.fns("qbackend.cutlass", M, ab, af, sa), target_ms=8.0)
     finally:

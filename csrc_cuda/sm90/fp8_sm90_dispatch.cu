@@ -3,8 +3,11 @@
 // Buckets by M (tuned on the H200, see bench/bench_scaled_mm.py --tune): small M swaps operands so
 // the tokens sit on the tile's narrow N side; large M uses 128x128 ping-pong tiles. Cooperative
 // configs may split K across SMs (stream-K / split-K), which needs the caller's workspace; without
-// one they run data-parallel. Up to 32 tokens, the dispatcher first asks the small-M kernel
+// one they run data-parallel. Tiles 96 or 192 channels wide fill waves that 64- and 128-wide tiles
+// leave ragged (wave_fit_config). Up to 32 tokens, the dispatcher first asks the small-M kernel
 // (fp8_sm90_small_m.cu) for a plan; it is also listed, forcible, as the configs after CUTLASS's.
+#include <algorithm>
+
 #include "fp8_sm90_configs.h"
 #include "fp8_sm90_small_m.h"
 
@@ -42,14 +45,47 @@ double wave_efficiency(int64_t tiles, int sms) {
 //             Stream-K's cross-CTA reduction cost more than it saved at these sizes.
 //   M <= 256  N <= 4096: swapped 128x64 cooperative tiles (data-parallel); a last wave under 75 %
 //             full: 128x128 cooperative with stream-K; otherwise 128x128 ping-pong (cluster 2x1).
-//   larger    128x128 ping-pong (cluster 2x1); 128x256 cooperative with a swizzle of 8 for the big
-//             problems (M N K >= 2^39, or M >= 4096 with N, K >= 8192), where L2 reuse between
-//             concurrently running CTAs decides. A ragged last wave does not call for stream-K here:
+//   larger    128x128 ping-pong (cluster 2x1). A ragged last wave does not call for stream-K here:
 //             at 512x6144x4096 (192 tiles, last wave 45 % full) 128x128 stream-K took 31.4 us, the
 //             other candidates 27.4 to 28.0 (bench/ab_configs.py: interleaved rounds, median of 3).
+//   M >= 4096 with K >= 8192 or M N K >= 2^39: 128x256 cooperative, swizzle 8, stream-K. Its hybrid
+//             schedule runs the full waves data-parallel and splits only the last wave's tiles along
+//             K. Against the same config under CUTLASS's heuristic (which stays data-parallel here)
+//             it was faster at 15 of the 16 issue-3 shapes' points with M = 4096 and 8192, by up to
+//             9 %; at the 10 points with K >= 8192 it was the fastest candidate 7 times and within
+//             1.3 % of it otherwise. Below M = 4096 it is not used: at M = 2048, N = 57344, K = 8192
+//             128x128 ping-pong took 1495 us, this config under the heuristic 1585.
+//   Wave fit, 64 < M <= 512: the configs above use tiles 64 (swapped, M <= 128) or 128 channels wide.
+//             Where those leave the last wave ragged (N = 10240 at M = 128: 160 tiles of 64 rows for
+//             132 SMs, so the busiest SMs stream two tiles while most stream one), 128-token tiles 96
+//             or 192 channels wide can fill one wave or whole waves instead. The slowest SM's load is
+//             (waves x tile width) channel rows; the other width is used when that is at most 80 % of
+//             the default's (a margin for the 96-wide tile's lower arithmetic intensity), the wider
+//             one where both fill equally. A/B on the H200 (bench/results/scaled_mm_ab_h200.log):
+//             M = 128, N = 10240 (96 wide): 28.3 us against 33.5 for the swapped 64x128 tiles;
+//             M = 256, N = 6144 (96): 12.6 against 16.8 for 128x128 ping-pong; N = 10240 (192): 42.5
+//             against 56.0; M = 512, N = 6144 (192): 23.7 against 27.2. Where both widths fill the
+//             waves equally they measured within 10 % of each other (forced: 42.8 and 45.2 us at
+//             M = 256, N = 10240; 22.5 and 24.6 at M = 512, N = 6144). Not at M <= 64: half of the
+//             128-token tile idles there, and in trial runs it was slower than the swapped 64x64
+//             tiles at M = 64, N = 10240.
+int wave_fit_config(const ScaledMmArgs& a, int sms) {
+  if (a.M <= 64 || a.M > 512 || (a.M > 128 && a.M <= 256 && a.N <= 4096)) return -1;
+  const int64_t token_tiles = cdiv(a.M, 128);
+  const int default_width = a.M <= 128 ? 64 : 128;
+  auto load = [&](int width) { return cdiv(token_tiles * cdiv(a.N, width), sms) * width; };
+  const int64_t base = load(default_width), w192 = load(192), w96 = load(96);
+  if (5 * std::min(w192, w96) > 4 * base) return -1;
+  return w192 <= w96 ? 12 : 11;
+}
+
 Plan pick_plan(const ScaledMmArgs& a) {
   Plan p{};
   const int sms = a.sm_count > 0 ? a.sm_count : 132;
+  if (const int fit = wave_fit_config(a, sms); fit >= 0) {
+    p.config = fit;
+    return p;
+  }
   const int64_t tiles128 = cdiv(a.M, 256) * 2 * cdiv(a.N, 128);  // cluster 2x1: M tiles in pairs
   const bool ragged_last_wave = tiles128 > sms && wave_efficiency(tiles128, sms) < 0.75;
   if (a.M <= 128) {
@@ -63,9 +99,9 @@ Plan pick_plan(const ScaledMmArgs& a) {
     } else {
       p.config = 7;
     }
-  } else if (double(a.M) * double(a.N) * double(a.K) >= 0x1p39 || (a.M >= 4096 && a.N >= 8192 && a.K >= 8192)) {
+  } else if (a.M >= 4096 && (a.K >= 8192 || double(a.M) * double(a.N) * double(a.K) >= 0x1p39)) {
     p.config = 6;
-    p.opts.decomp = Decomp::Heuristic;
+    p.opts.decomp = Decomp::StreamK;
     p.opts.swizzle = 8;
   } else {
     p.config = 7;

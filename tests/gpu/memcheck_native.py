@@ -3,9 +3,10 @@
     compute-sanitizer --tool memcheck python tests/gpu/memcheck_native.py [scaled_mm] [quantize] [marlin]
 
 Runs every built scaled_mm family (partial tiles in M, N and K, sliced A, bias, split-K; the SM90
-small-M kernel forced at two cluster splits), every quantize mode (vector and scalar paths, sliced
-rows) and both marlin families (every m16-tile count, partial tiles, split-K with several
-contributors per column, column-aligned block runs, sliced A) once; prints "memcheck workload done".
+small-M kernel forced at two cluster splits, the wave-fit tiles forced), every quantize mode
+(vector and scalar paths, sliced rows) and both marlin families (every m16-tile count, partial
+tiles, split-K with several contributors per column, column-aligned block runs, sliced A) once;
+prints "memcheck workload done".
 The sanitizer's own summary ("ERROR SUMMARY: 0 errors") is the verdict; the same
 workload serves `--tool racecheck` and `--tool synccheck`. Arguments narrow it to some of its parts
 (default: all). Not collected by pytest.
@@ -50,6 +51,12 @@ def scaled_mm_part():
                 for splits in (1, 3):
                     native.override(names.index(name), 1, splits, -1)
                     _scaled_mm_calls(F8, 90, ((9, 2064, 1040), (40, 528, 16), (70, 1040, 4112)))
+            # The wave-fit tiles (96 and 192 channels wide), data-parallel and stream-K, with N not a
+            # multiple of either width.
+            for name in ("128x96x128_coop", "128x192x128_coop"):
+                for decomp in (0, 2):
+                    native.override(names.index(name), decomp, -1, -1)
+                    _scaled_mm_calls(F8, 90, ((70, 1040, 4112), (300, 2064, 1040)))
         finally:
             native.override()
 
