@@ -24,7 +24,7 @@ import torch
 __all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75",
            "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
            "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size", "quantize",
-           "quantize_workspace_size", "quantize_override", "config_names", "override",
+           "quantize_workspace_size", "quantize_override", "config_names", "auto_config", "override",
            "set_programmatic_launch"]
 
 VARIANT_AUTO, VARIANT_SM90, VARIANT_SM89, VARIANT_SM80, VARIANT_SM75 = 0, 90, 89, 80, 75
@@ -70,6 +70,10 @@ def _bind(lib) -> None:
     lib.qb_scaled_mm_config_name.restype = c.c_char_p
     lib.qb_scaled_mm_override.argtypes = [ip, ip, ip, ip]
     lib.qb_scaled_mm_override.restype = None
+    if hasattr(lib, "qb_scaled_mm_auto_config"):  # libraries built before it lack it; auto_config says so
+        ipp = c.POINTER(ip)
+        lib.qb_scaled_mm_auto_config.argtypes = [i64, i64, i64, ip, ip, ip, ipp, ipp, ipp, ipp, c.c_char_p, sz]
+        lib.qb_scaled_mm_auto_config.restype = ip
     lib.qb_set_programmatic_launch.argtypes = [ip]
     lib.qb_set_programmatic_launch.restype = None
     lib.qb_quantize.argtypes = [vp, i64, vp, i64, fp, i64, i64, ip, ip, ip, fp, vp, vp, c.c_char_p, sz]
@@ -320,6 +324,27 @@ def config_names(a_dtype: torch.dtype, variant: int) -> list[str]:
     code = _DTYPE[a_dtype]
     return [lib.qb_scaled_mm_config_name(code, variant, i).decode()
             for i in range(lib.qb_scaled_mm_config_count(code, variant))]
+
+
+def auto_config(M: int, N: int, K: int, a_dtype: torch.dtype = torch.float8_e4m3fn, variant: int = 90,
+                sm_count: int = 132) -> dict:
+    """Which config the automatic choice runs for an M x N x K problem on a GPU with `sm_count`
+    multiprocessors (132: the H100 / H200 SXM), answered without a GPU: {"config": name,
+    "decomposition": 0 DP, 1 split-K, 2 stream-K or 3 CUTLASS heuristic, "splits", "swizzle"}, the
+    arguments override() would take to force the same. Only the sm90 FP8 family answers."""
+    lib = _need()
+    if not hasattr(lib, "qb_scaled_mm_auto_config"):
+        raise RuntimeError(f"{library_path()} predates qb_scaled_mm_auto_config: rebuild csrc_cuda")
+    out = [ctypes.c_int(-1) for _ in range(4)]
+    buf = _errbuf()
+    code = _DTYPE[a_dtype]
+    rc = lib.qb_scaled_mm_auto_config(int(M), int(N), int(K), code, int(variant), int(sm_count),
+                                      *[ctypes.byref(v) for v in out], buf, len(buf))
+    if rc != 0:
+        _raise("qb_scaled_mm_auto_config", rc, buf)
+    config, decomposition, splits, swizzle = (v.value for v in out)
+    return {"config": lib.qb_scaled_mm_config_name(code, int(variant), config).decode(),
+            "decomposition": decomposition, "splits": splits, "swizzle": swizzle}
 
 
 def override(config: int = -1, decomposition: int = -1, splits: int = -1, swizzle: int = -1) -> None:

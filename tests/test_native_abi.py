@@ -29,6 +29,67 @@ def test_sm90_configs_are_listed_once_each():
         assert f"swap_64x{width}x128_ping" in names
 
 
+# (M, N, K) -> (config, decomposition, splits, swizzle) of the automatic choice on 132 SMs, as
+# fp8_sm90_dispatch.cu and docs/performance.md describe it. None: not checked.
+SM90_AUTO = [
+    ((1, 4096, 4096), ("stream_64", 0, 1, 1)),         # the small-M kernel, 64-row tiles
+    ((1, 10240, 8192), ("stream_128", 0, 1, 1)),       # 160 tiles of 64 rows > 132 SMs: 128-row tiles
+    ((16, 4096, 14336), ("stream_64", 0, 2, 1)),       # few tiles and long K: a cluster of 2 splits K
+    ((64, 10240, 8192), ("swap_64x64x128_ping", 0, None, None)),   # no wave fit at M <= 64
+    ((128, 4096, 4096), ("swap_64x128x128_ping", 0, None, None)),
+    ((128, 10240, 8192), ("128x96x128_coop", 0, None, 1)),        # wave fit: 107 tiles, one wave
+    ((256, 6144, 4096), ("128x96x128_coop", 0, None, 1)),
+    ((256, 10240, 8192), ("128x192x128_coop", 0, None, 1)),       # equal fill: the wider tile
+    ((512, 6144, 4096), ("128x192x128_coop", 0, None, 1)),
+    ((256, 4096, 4096), ("swap_128x64x128_coop", 0, None, 1)),
+    ((512, 10240, 8192), ("128x128x128_ping_c2x1", 0, None, None)),
+    ((2048, 57344, 8192), ("128x128x128_ping_c2x1", 0, None, None)),  # stream-K only from M = 4096
+    ((4096, 8192, 8192), ("128x256x128_coop_c2x1", 2, None, 8)),
+    ((16384, 28672, 4096), ("128x256x128_coop_c2x1", 2, None, 8)),  # M N K >= 2^39
+    ((8192, 6144, 4096), ("128x128x128_ping_c2x1", 0, None, None)),
+]
+
+
+@pytest.mark.parametrize("mnk,want", SM90_AUTO, ids=[f"{m}x{n}x{k}" for (m, n, k), _ in SM90_AUTO])
+def test_sm90_automatic_choice_follows_the_dispatch_rules(mnk, want):
+    if not native.has_variant("scaled_mm_fp8", 90):
+        pytest.skip("sm_90a family not built")
+    got = native.auto_config(*mnk, sm_count=132)
+    keys = ("config", "decomposition", "splits", "swizzle")
+    assert {k: got[k] for k, w in zip(keys, want) if w is not None} == \
+        {k: w for k, w in zip(keys, want) if w is not None}, got
+
+
+def test_sm90_automatic_choice_is_a_listed_config_everywhere():
+    """Over a sweep of shapes and SM counts, every answer names a listed config with a valid
+    decomposition, and the wave-fit tiles appear only where the rule allows them (64 < M <= 512)."""
+    if not native.has_variant("scaled_mm_fp8", 90):
+        pytest.skip("sm_90a family not built")
+    names = set(native.config_names(F8, 90))
+    for sms in (78, 114, 132):
+        for M in (1, 3, 16, 17, 33, 64, 65, 100, 128, 129, 200, 256, 300, 512, 513, 1000, 4096, 5000):
+            for N, K in ((16, 16), (2064, 1040), (4096, 14336), (6144, 4096), (10240, 8192), (57344, 8192)):
+                got = native.auto_config(M, N, K, sm_count=sms)
+                assert got["config"] in names, (M, N, K, sms, got)
+                assert got["decomposition"] in (0, 1, 2, 3) and got["swizzle"] in (1, 2, 4, 8), got
+                if got["config"] in ("128x96x128_coop", "128x192x128_coop"):
+                    assert 64 < M <= 512, (M, N, K, sms, got)
+
+
+def test_auto_config_rejects_bad_requests_with_a_message():
+    if not native.has_variant("scaled_mm_fp8", 90):
+        pytest.skip("sm_90a family not built")
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        native.auto_config(16, 100, 4096)
+    with pytest.raises(RuntimeError, match="sm_count"):
+        native.auto_config(16, 4096, 4096, sm_count=0)
+    with pytest.raises(RuntimeError, match="M .* must be >= 1"):
+        native.auto_config(0, 4096, 4096)
+    if native.has_variant("scaled_mm_fp8", 89):
+        with pytest.raises(RuntimeError, match="QB_ERR_UNSUPPORTED"):
+            native.auto_config(16, 4096, 4096, variant=89)
+
+
 def test_programmatic_launch_switch_is_callable_without_a_gpu():
     native.set_programmatic_launch(False)
     native.set_programmatic_launch(True)

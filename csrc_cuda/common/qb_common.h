@@ -80,6 +80,9 @@ int sm90_fp8_scaled_mm(const ScaledMmArgs& args, const Err& err);
 size_t sm90_fp8_workspace(const ScaledMmArgs& args);
 int sm90_fp8_config_count();
 const char* sm90_fp8_config_name(int config);
+// The automatic choice for a problem (args.M, N, K, sm_count; no pointers read, no GPU needed): the
+// config id and, for the stream-K capable configs, the decomposition, split count and swizzle.
+int sm90_fp8_auto_config(const ScaledMmArgs& args, int* decomposition, int* splits, int* swizzle);
 
 int sm89_fp8_scaled_mm(const ScaledMmArgs& args, const Err& err);
 size_t sm89_fp8_workspace(const ScaledMmArgs& args);

@@ -292,6 +292,38 @@ extern "C" const char* qb_scaled_mm_config_name(int a_dtype, int variant, int co
   }
 }
 
+extern "C" int qb_scaled_mm_auto_config(int64_t M, int64_t N, int64_t K, int a_dtype, int variant, int sm_count,
+                                        int* config, int* decomposition, int* splits, int* swizzle, char* err,
+                                        size_t err_len) {
+  const qb::Err e{err, err_len};
+  if (err && err_len) err[0] = '\0';
+  int st = check_shape(M, N, K, a_dtype, a_dtype, QB_BF16, e);
+  if (st != QB_OK) return st;
+  if (M < 1) return e.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm_auto_config: M (=%lld) must be >= 1", (long long)M);
+  if (sm_count < 1)
+    return e.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm_auto_config: sm_count (=%d) must be >= 1", sm_count);
+  if (!config || !decomposition || !splits || !swizzle)
+    return e.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm_auto_config: every output pointer must be non-NULL");
+  if (!built(a_dtype, variant))
+    return e.set(QB_ERR_NOT_BUILT, "qb_scaled_mm_auto_config: variant %d is not built for %s", variant,
+                 dtype_name(a_dtype));
+  switch (variant) {
+#ifdef QB_HAS_SCALED_MM_FP8_90
+    case QB_VARIANT_SM90: {
+      qb::ScaledMmArgs args{};
+      args.M = M;
+      args.N = N;
+      args.K = K;
+      args.sm_count = sm_count;
+      *config = qb::sm90_fp8_auto_config(args, decomposition, splits, swizzle);
+      return QB_OK;
+    }
+#endif
+    default:
+      return e.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm_auto_config: only the sm90 FP8 family (variant 90) says its choice");
+  }
+}
+
 extern "C" void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzle) {
   t_config = config;
   t_decomp = decomposition;

@@ -106,6 +106,15 @@ int qb_scaled_mm_config_count(int a_dtype, int variant);
 const char* qb_scaled_mm_config_name(int a_dtype, int variant, int config);
 void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzle);
 
+/* Which config the automatic choice runs for an M x N x K problem on a GPU with sm_count
+ * multiprocessors, without a GPU: the config id (see qb_scaled_mm_config_name) and its
+ * decomposition, split count (for the small-M configs: the cluster split of K) and swizzle, as
+ * qb_scaled_mm_override would take them. Stream-K needs the caller's workspace; without one the same
+ * config runs data-parallel. Only the sm90 FP8 family (variant 90) answers; others return
+ * QB_ERR_UNSUPPORTED. Returns QB_OK or an error code with a message in err. */
+int qb_scaled_mm_auto_config(int64_t M, int64_t N, int64_t K, int a_dtype, int variant, int sm_count, int* config,
+                             int* decomposition, int* splits, int* swizzle, char* err, size_t err_len);
+
 /* Process-wide, on by default, sm_90 and newer only: the SM90 scaled_mm kernels that need no
  * workspace, and the single-kernel quantize modes (static per-tensor, dynamic per-token), are launched
  * as programmatic dependents of the previous kernel in the stream (PDL), so their launch and prologue

@@ -168,6 +168,25 @@ int sm90_fp8_scaled_mm(const ScaledMmArgs& a, const Err& err) {
   return sm90::kRun[p.config][tag](a, p.opts, err);
 }
 
+int sm90_fp8_auto_config(const ScaledMmArgs& a, int* decomposition, int* splits, int* swizzle) {
+  ScaledMmArgs q = a;
+  q.config = q.decomp = q.splits = q.swizzle = -1;  // the automatic choice, whatever is forced
+  sm90::SmallMPlan small;
+  if (sm90::small_m_auto_plan(q, &small)) {
+    *decomposition = 0;
+    *splits = small.splits;  // the cluster split of K
+    *swizzle = 1;
+    for (int i = 0; i < sm90::kSmallMConfigs; ++i)
+      if (sm90::kSmallMRows[i] == small.rows) return sm90::kNumConfigs + i;
+    return -1;
+  }
+  const sm90::Plan p = sm90::make_plan(q);
+  *decomposition = static_cast<int>(p.opts.decomp);
+  *splits = p.opts.splits;
+  *swizzle = p.opts.swizzle;
+  return p.config;
+}
+
 int sm90_fp8_config_count() { return sm90::kNumConfigs + sm90::kSmallMConfigs; }
 
 const char* sm90_fp8_config_name(int config) {
