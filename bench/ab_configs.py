@@ -28,6 +28,11 @@ from bench_scaled_mm import F8, SHAPES, Problem, graph_time  # noqa: E402  (one 
 # label -> (config name, decomposition: 0 data-parallel, 2 stream-K, 3 CUTLASS heuristic[, splits
 # [, swizzle]]); "auto" is the dispatcher's own choice. For the small-M kernel ("stream_*") `splits`
 # is its cluster split of K. Swizzle 1 unless given.
+# The wave-fit tiles: 128 token rows, so timed from M = 65 on.
+WAVE_FIT = {
+    "coop128x96/dp": ("128x96x128_coop", 0),
+    "coop128x192/dp": ("128x192x128_coop", 0),
+}
 LARGE_M = {
     "auto": None,
     "ping128x128/dp": ("128x128x128_ping_c2x1", 0),
@@ -35,8 +40,7 @@ LARGE_M = {
     "coop128x256/heur": ("128x256x128_coop_c2x1", 3),
     "coop128x256/streamk": ("128x256x128_coop_c2x1", 2),
     "coop256x128/heur": ("256x128x128_coop_c2x1", 3),
-    "coop128x96/dp": ("128x96x128_coop", 0),
-    "coop128x192/dp": ("128x192x128_coop", 0),
+    **WAVE_FIT,
 }
 # Above M = 2048 the tile rasterization decides how much of A and B neighbouring CTAs share in L2.
 HUGE_M = {
@@ -59,8 +63,7 @@ SMALL_M = {
     "swap128x64/heur": ("swap_128x64x128_coop", 3),
     "coop128x128/heur": ("128x128x128_coop", 3),
     "coop128x128/streamk": ("128x128x128_coop", 2),
-    "coop128x96/dp": ("128x96x128_coop", 0),
-    "coop128x192/dp": ("128x192x128_coop", 0),
+    **WAVE_FIT,
     "stream64/s1": ("stream_64", 0, 1),
     "stream64/s2": ("stream_64", 0, 2),
     "stream128/s1": ("stream_128", 0, 1),
@@ -75,8 +78,8 @@ def candidates(M: int) -> dict:
         def wanted(v):
             if v and v[0].startswith("stream"):
                 return M <= 64  # the small-M kernel takes at most 64 tokens
-            if v and v[0] in ("128x96x128_coop", "128x192x128_coop"):
-                return M > 64  # the wave-fit tiles: 128 token rows
+            if v in WAVE_FIT.values():
+                return M > 64
             return True
 
         return {k: v for k, v in SMALL_M.items() if wanted(v)}

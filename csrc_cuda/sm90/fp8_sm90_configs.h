@@ -23,7 +23,7 @@
   X(8, "256x128x128_coop_c2x1", false, 256, 128, 128, 2, 1, Coop) \
   X(9, "swap_64x128x128_ping", true, 64, 128, 128, 1, 1, Ping)    \
   X(10, "swap_64x256x128_ping", true, 64, 256, 128, 1, 1, Ping)   \
-  X(11, "128x96x128_coop", false, 128, 96, 128, 1, 1, Coop)     \
+  X(11, "128x96x128_coop", false, 128, 96, 128, 1, 1, Coop)      \
   X(12, "128x192x128_coop", false, 128, 192, 128, 1, 1, Coop)
 
 namespace qb::sm90 {

@@ -68,7 +68,8 @@ double wave_efficiency(int64_t tiles, int sms) {
 //             waves equally they measured within 10 % of each other (forced: 42.8 and 45.2 us at
 //             M = 256, N = 10240; 22.5 and 24.6 at M = 512, N = 6144). Not at M <= 64: half of the
 //             128-token tile idles there, and in trial runs it was slower than the swapped 64x64
-//             tiles at M = 64, N = 10240.
+//             tiles at M = 64, N = 10240. Nor for 128 < M <= 256 with N <= 4096, the bucket the swapped
+//             128x64 tiles were tuned for.
 int wave_fit_config(const ScaledMmArgs& a, int sms) {
   if (a.M <= 64 || a.M > 512 || (a.M > 128 && a.M <= 256 && a.N <= 4096)) return -1;
   const int64_t token_tiles = cdiv(a.M, 128);
