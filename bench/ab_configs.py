@@ -1,29 +1,30 @@
 """Interleaved A/B of SM90 scaled_mm configs: the dispatcher's choice next to forced candidates.
 
-    python bench/ab_configs.py [--ms 64,128,256,512,1024,2048] [--shapes N:K,...] [--rounds 3]
+    python bench/ab_configs.py [--ms 64,128,256,512,1024,2048] [--shapes N:K,...] [--rounds 4]
 
 Why not --tune: under sustained FP8 GEMM load the H200 sits at its 700 W power limit and its SM
 clock wanders (1.2 to 1.75 GHz seen within one minute), so timings taken one after the other drift by
-+-10 %. Here every candidate of a point is timed once per round, the order reversed every other round,
-and each candidate's median over the rounds is reported: drift then hits all candidates alike. What
-is left is still several per cent: the dispatcher's choice and the same config forced, timed in the
-same rounds, differ by up to 6 % in bench/results/scaled_mm_ab_h200.log.
-Timing as bench_scaled_mm.graph_time (CUDA-graph replay, weights rotated past L2), ~8 ms per trial.
++-10 %. Here every candidate of a point is timed once per round, the rounds' orders taken from a
+balanced design (timing.interleaved), and each candidate's median over the rounds is reported. With
+more candidates than rounds the design is incomplete, so what is left of the drift is still several
+per cent: "auto" and the same config forced are timed as two candidates, and their difference shows
+how much. Timing as timing.graph_time (CUDA-graph replay, weights rotated past L2), ~8 ms per trial.
 Prints one line per point; the decisions in fp8_sm90_dispatch.cu cite these lines.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
+from functools import partial
 
 import torch
 
 from qbackend_providers import native
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_scaled_mm import F8, SHAPES, Problem, graph_time  # noqa: E402  (one timing method)
+from bench_scaled_mm import F8, SHAPES, Problem  # noqa: E402
+from timing import graph_time, interleaved  # noqa: E402  (one timing method for every benchmark)
 
 # label -> (config name, decomposition: 0 data-parallel, 2 stream-K, 3 CUTLASS heuristic[, splits
 # [, swizzle]]); "auto" is the dispatcher's own choice. For the small-M kernel ("stream_*") `splits`
@@ -105,7 +106,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="64,128,256,512,1024,2048")
     ap.add_argument("--shapes", default="", help="N:K,N:K,... (default: the issue-3 list)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
     if native.load() is None:
         sys.exit(f"native library unavailable: {native.load_error()}")
@@ -116,11 +117,8 @@ def main():
         for M in ms:
             inputs = prob.inputs(M)
             cands = dict(candidates(M), tensorwise="tensorwise")
-            times = {label: [] for label in cands}
-            for rnd in range(args.rounds):
-                for label in (list(cands) if rnd % 2 == 0 else list(cands)[::-1]):
-                    times[label].append(time_candidate(prob, M, inputs, cands[label]))
-            med = {label: statistics.median(ts) for label, ts in times.items()}
+            med = interleaved({label: partial(time_candidate, prob, M, inputs, cand)
+                               for label, cand in cands.items()}, args.rounds)
             best = min((us, label) for label, us in med.items() if label != "tensorwise")
             print(f"M={M} N={N} K={K} " + " ".join(f"{label}={us:.1f}" for label, us in med.items()) +
                   f" | fastest {best[1]}; auto at x{med['tensorwise'] / med['auto']:.2f} of tensorwise",

@@ -8,8 +8,10 @@ and DIR/marlin_h200.png (speed-up over bf16 torch.mm and marlin's weight-streami
 
 Method (as shared/anchors/anchor_graphs.py): for each (N, K), several weight copies totalling well
 over the 60 MB L2 (>= 512 MB of fp8, >= 1 GB of bf16, at least 2 copies) so every call streams its
-weights from HBM; one CUDA graph holds one call per copy; bench_scaled_mm.graph_time replays it for
-about 20 ms per trial, 5 trials, and the median trial gives microseconds per call. marlin runs with
+weights from HBM; one CUDA graph holds one call per copy; timing.graph_time replays it for about
+5 ms per trial, 5 trials, and the median trial gives microseconds per call in one round. The
+implementations are timed in interleaved rounds in a balanced order (timing.interleaved: 6 rounds
+for 3 implementations) and each one's median round is reported. marlin runs with
 per-channel scales and no bias (what an FP8 checkpoint has), with a workspace allocated up front as an engine would.
 --tune also times the sm80 kernel's pipeline depth (stages) and resident blocks per multiprocessor at
 M = 1 and 16 on every shape timed (narrow it with --shapes).
@@ -19,6 +21,7 @@ import json
 import math
 import os
 import sys
+from functools import partial
 
 import torch
 
@@ -26,12 +29,13 @@ from qbackend_providers import marlin_native as mn
 from qbackend_providers import native as nat
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_scaled_mm import graph_time  # noqa: E402  (one timing method for every benchmark)
+from timing import graph_time, interleaved  # noqa: E402  (one timing method for every benchmark)
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192),
           (57344, 8192), (8192, 28672)]
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 R = 16
+TRIAL_MS = 5.0
 dev = "cuda"
 
 
@@ -72,11 +76,10 @@ def main():
         for M in ms:
             a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
             out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
-            t_m = graph_time([lambda p=p: mn.mm(a, p, scale, None, out, N, K, variant=args.variant, workspace=ws)
-                              for p in packed])
-            t_b = graph_time([lambda w=w: torch.mm(a, w.t()) for w in wb])
-            rows.append({"M": M, "N": N, "K": K, "impl": "qbackend.marlin", "us": t_m})
-            rows.append({"M": M, "N": N, "K": K, "impl": "torch.mm.bf16", "us": t_b})
+            marlin_fns = [lambda p=p: mn.mm(a, p, scale, None, out, N, K, variant=args.variant, workspace=ws)
+                          for p in packed]
+            timers = {"qbackend.marlin": partial(graph_time, marlin_fns, TRIAL_MS),
+                      "torch.mm.bf16": partial(graph_time, [lambda w=w: torch.mm(a, w.t()) for w in wb], TRIAL_MS)}
             if nat.load() is not None and nat.has_variant("scaled_mm_fp8", 0):
                 # W8A8 on the same fp8 weights: quantize the bf16 activations per token, then the
                 # cutlass GEMM with per-channel weight scales, both inside the graph.
@@ -89,9 +92,13 @@ def main():
                     nat.quantize(a, qa, sa, nat.DYNAMIC_TOKEN)
                     nat.scaled_mm(qa, w.t(), sa, sb, None, out_c)
 
-                t_c = graph_time([lambda w=w: cutlass_call(w) for w in w8])
-                rows.append({"M": M, "N": N, "K": K, "impl": "qbackend.cutlass", "us": t_c})
-                print(f"    cutlass W8A8 incl. activation quantization {t_c:8.2f}us", flush=True)
+                timers["qbackend.cutlass"] = partial(graph_time, [lambda w=w: cutlass_call(w) for w in w8], TRIAL_MS)
+            med = interleaved(timers)
+            for impl, us in med.items():
+                rows.append({"M": M, "N": N, "K": K, "impl": impl, "us": us})
+            t_m, t_b = med["qbackend.marlin"], med["torch.mm.bf16"]
+            if "qbackend.cutlass" in med:
+                print(f"    cutlass W8A8 incl. activation quantization {med['qbackend.cutlass']:8.2f}us", flush=True)
             print(f"M={M:4d} N={N:5d} K={K:5d} | marlin {t_m:8.2f}us ({N * K / t_m / 1e6:4.2f} TB/s) | "
                   f"bf16 mm {t_b:8.2f}us ({2 * N * K / t_b / 1e6:4.2f} TB/s) | speed-up {t_b / t_m:5.2f}x", flush=True)
             if args.tune and M in (1, 16):
@@ -107,7 +114,8 @@ def main():
         torch.cuda.empty_cache()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "variant": args.variant,
            "method": "CUDA-graph replay, weights rotated over >= 512 MB (fp8) / 1 GB (bf16), median of 5 trials "
-                     "of ~20 ms of replays; marlin: bf16 activations, per-channel fp32 scales, no bias",
+                     "of ~5 ms of replays per round, median of 6 rounds in a balanced order; "
+                     "marlin: bf16 activations, per-channel fp32 scales, no bias",
            "rows": rows}
     if tuning:
         res["tuning"] = tuning

@@ -13,8 +13,9 @@ different weight copies (R copies total >= 512 MB when memory allows, so weights
 rather than the 60 MB L2), replayed enough times for ~8 ms of GPU time; the median of 5 such
 measurements, divided by R, is the time of one call in one round. Under this load the H200 runs at
 its 700 W power limit and its SM clock drifts (1.2 to 1.75 GHz within a minute), so a point is
-timed in 3 rounds, every implementation once per round, the order reversed every round, and each
-implementation's median round is reported: drift then hits all of them alike.
+timed in 4 rounds, every implementation once per round, in a balanced order (timing.interleaved:
+each implementation first once, and right after each other one once), and each implementation's
+median round is reported: drift then hits all of them alike.
 
 JSON: {"device", "torch", "rows": [{"M", "N", "K", "impl", "us"}]}; a PNG plot (speed-up of
 qbackend.cutlass over the faster torch._scaled_mm mode, per shape, against M) is written next to it.
@@ -25,12 +26,15 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
+from functools import partial
 
 import torch
 
 from qbackend_providers import native
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import graph_time, interleaved  # noqa: E402  (one timing method for every benchmark)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -42,42 +46,7 @@ MS = [1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 IMPLS = ["qbackend.cutlass", "torch._scaled_mm.rowwise", "torch._scaled_mm.tensorwise", "torch.mm.bf16"]
 ROTATE_BYTES = 512 * 2 ** 20
 OUT_BYTES_CAP = 3 * 2 ** 30   # at most this much output held by one graph's R calls
-TARGET_MS = 20.0
 GRID_TARGET_MS = 8.0   # per trial in the grid's rounds
-GRID_ROUNDS = 3
-
-
-def graph_time(fns: list, target_ms: float = TARGET_MS) -> float:
-    """Median microseconds per call of fns[i]() (each one call), replayed from one CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    st.record()
-    g.replay()
-    en.record()
-    torch.cuda.synchronize()
-    one = max(st.elapsed_time(en), 1e-3)
-    reps = max(1, min(200, int(target_ms / one)))
-    ts = []
-    for _ in range(5):
-        st.record()
-        for _ in range(reps):
-            g.replay()
-        en.record()
-        torch.cuda.synchronize()
-        ts.append(st.elapsed_time(en) * 1e3 / reps / len(fns))
-    del g
-    return statistics.median(ts)
 
 
 class Problem:
@@ -190,23 +159,18 @@ def plot(rows: list, path: str) -> None:
 
 def run_grid(shapes, ms, impls) -> list:
     rows = []
-    flip = False
     for (N, K) in shapes:
         prob = Problem(N, K, want_bf16="torch.mm.bf16" in impls)
         ab, af, sa = prob.inputs(ms[0])
         graph_time(prob.fns("torch._scaled_mm.tensorwise", ms[0], ab, af, sa), target_ms=50.0)  # clocks up
         for M in ms:
             ab, af, sa = prob.inputs(M)
-            times = {impl: [] for impl in impls}
-            for _ in range(GRID_ROUNDS):
-                flip = not flip  # alternate the order so clock/power drift favours no implementation
-                for impl in (impls if flip else impls[::-1]):
-                    times[impl].append(graph_time(prob.fns(impl, M, ab, af, sa), target_ms=GRID_TARGET_MS))
+            med = interleaved({impl: partial(graph_time, prob.fns(impl, M, ab, af, sa), GRID_TARGET_MS)
+                               for impl in impls})
             line = []
             for impl in impls:
-                us = statistics.median(times[impl])
-                rows.append({"M": M, "N": N, "K": K, "impl": impl, "us": us})
-                line.append(f"{impl.split('.')[-1]}={us:.1f}")
+                rows.append({"M": M, "N": N, "K": K, "impl": impl, "us": med[impl]})
+                line.append(f"{impl.split('.')[-1]}={med[impl]:.1f}")
             print(f"M={M} N={N} K={K} " + " ".join(line), flush=True)
             del ab, af, sa
         del prob

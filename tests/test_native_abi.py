@@ -40,9 +40,10 @@ SM90_AUTO = [
     ((128, 10240, 8192), ("128x96x128_coop", 0, None, 1)),        # wave fit: 107 tiles, one wave
     ((256, 6144, 4096), ("128x96x128_coop", 0, None, 1)),
     ((256, 10240, 8192), ("128x192x128_coop", 0, None, 1)),       # equal fill: the wider tile
-    ((512, 6144, 4096), ("128x192x128_coop", 0, None, 1)),
     ((256, 4096, 4096), ("swap_128x64x128_coop", 0, None, 1)),
     ((512, 10240, 8192), ("128x128x128_ping_c2x1", 0, None, None)),
+    ((512, 6144, 4096), ("128x192x128_coop", 0, None, 1)),        # 96 and 192 fill equally: the wider
+    ((512, 8192, 8192), ("128x128x128_ping_c2x1", 0, None, None)),  # 256 tiles: two full waves already
     ((2048, 57344, 8192), ("128x128x128_ping_c2x1", 0, None, None)),  # stream-K only from M = 4096
     ((4096, 8192, 8192), ("128x256x128_coop_c2x1", 2, None, 8)),
     ((16384, 28672, 4096), ("128x256x128_coop_c2x1", 2, None, 8)),  # M N K >= 2^39
