@@ -28,7 +28,11 @@ def main() -> None:
     ap.add_argument("--points", default="", help="M:N:K,... (default: the list above)")
     ap.add_argument("--variant", type=int, default=80)
     ap.add_argument("--impls", default="marlin,bf16")
+    ap.add_argument("--lib", default="", help="a standalone marlin test library to use instead")
     args = ap.parse_args()
+    if args.lib:
+        from probe_marlin import use_library
+        use_library(args.lib)
     points = [tuple(int(v) for v in p.split(":")) for p in args.points.split(",")] if args.points else POINTS
     g = torch.Generator(device="cuda")
     g.manual_seed(0)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|ab|qbench|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|memcheck|racecheck]...
+#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|ab|qbench|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -57,6 +57,10 @@ for step in $steps; do
       timeout 200 ncu --clock-control none $S --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
         -k regex:"marlin_mm|gemm|nvjet" python3 bench/profile_marlin.py \
         > "$OUT/ncu_marlin_h200.txt" 2>&1 ;;
+    mtrace)  # the marlin blocks' timelines: a standalone build with the kernel's trace compiled in
+      bash csrc_cuda/marlin/build_standalone.sh /tmp/qb_mtrace -DQB_MARLIN_TRACE > /dev/null &&
+        timeout 150 python3 bench/probe_marlin.py --lib /tmp/qb_mtrace/libqbackend_marlin_test.so --skip-timing \
+          --trace 1:4096:4096,16:4096:4096,1:6144:4096,16:10240:8192,1:28672:4096 2>&1 ;;
     memcheck)
       timeout 240 compute-sanitizer --tool memcheck python3 tests/gpu/memcheck_native.py 2>&1 | tail -8 ;;
     racecheck)  # shared-memory hazards and barrier misuse in the marlin and scaled_mm kernels

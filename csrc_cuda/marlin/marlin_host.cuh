@@ -56,12 +56,25 @@ inline int aligned_run(int per, int KT) {
   return a - per <= kAlignSlackTiles ? a : per;
 }
 
+// One block per multiprocessor can also leave many of them idle: where the aligned run is much
+// longer than an even share, cdiv(units, run) blocks fall well short of the SM count (6144x4096:
+// 16-tile runs fill 96 of 132). Two blocks then deal shorter runs over all of them (8-tile runs,
+// 192 blocks): H200, bench/probe_marlin.py sweep, M = 1 / 16: 12.2 / 12.4 us against 13.1 / 13.2.
+// Not where one block fills at least 7/8 of the SMs (4096x4096: 128 of 132 blocks; 9.4 against
+// 10.4 us with two).
+inline bool one_block_underfills(int units, int KT, int sm_count) {
+  if (units < 4 * sm_count) return false;  // too little work for the second block to matter
+  const int per = aligned_run(static_cast<int>(cdiv(units, sm_count)), KT);
+  return cdiv(units, per) * 8 < 7 * static_cast<int64_t>(sm_count);
+}
+
 template <int ARCH>
-inline LaunchShape launch_shape(int MT, int units, const MmArgs& a) {
+inline LaunchShape launch_shape(int MT, int units, int KT, const MmArgs& a) {
   const int stage = kTileBytes + MT * 16 * kTileK * 2;
   const int kernel_min_blocks = (ARCH >= 80 && MT == 1) ? 2 : 1;  // = kern::Occupancy<MT, ARCH>::kMinBlocks
   const bool big = units >= kTwoBlocksMinTilesPerBlock * kMaxBlocksPerSm * a.sm_count;
-  int bps = a.blocks_per_sm > 0 ? a.blocks_per_sm : (big ? kernel_min_blocks : 1);
+  const bool two = big || one_block_underfills(units, KT, a.sm_count);
+  int bps = a.blocks_per_sm > 0 ? a.blocks_per_sm : (two ? kernel_min_blocks : 1);
   if (bps > kMaxBlocksPerSm) bps = kMaxBlocksPerSm;
   if (ARCH < 80) return {2, bps};
   int s = a.stages > 0 ? a.stages : (bps >= 2 ? 3 : (MT == 1 ? 4 : MT == 2 ? 6 : MT == 3 ? 5 : 4));
@@ -77,9 +90,9 @@ inline LaunchShape launch_shape(int MT, int units, const MmArgs& a) {
 }
 
 template <int ARCH>
-inline int max_rows(int units, const MmArgs& a) {
+inline int max_rows(int units, int KT, const MmArgs& a) {
   for (int mt = 4; mt > 1; --mt) {
-    const LaunchShape ls = launch_shape<ARCH>(mt, units, a);
+    const LaunchShape ls = launch_shape<ARCH>(mt, units, KT, a);
     if (ls.stages * (kTileBytes + mt * 16 * kTileK * 2) + 256 <= a.smem_optin) return 16 * mt;
   }
   return 16;
@@ -113,7 +126,7 @@ inline int resident_blocks(int smem, int* out) {
 
 template <int MT, bool BF16, int ARCH>
 inline int launch(const kern::Params& prm, const MmArgs& a, char* err, size_t err_len) {
-  const LaunchShape ls = launch_shape<ARCH>(MT, prm.units, a);
+  const LaunchShape ls = launch_shape<ARCH>(MT, prm.units, prm.KT, a);
   const int smem = ls.stages * kern::Shape<MT>::kStageBytes;
   cudaError_t e = allow_smem<MT, BF16, ARCH>(smem);
   if (e != cudaSuccess)
@@ -148,7 +161,7 @@ inline int run_mm(const MmArgs& a, char* err, size_t err_len) {
                    "converting bf16 to fp16 would overflow above 65504); use fp16 activations or the sm80 variant");
   const int NT = static_cast<int>(cdiv(a.N, kTileN));
   const int KT = static_cast<int>(cdiv(a.K, kTileK));
-  const int rows = max_rows<ARCH>(NT * KT, a);
+  const int rows = max_rows<ARCH>(NT * KT, KT, a);
 
   kern::Params prm{};
   prm.lda_bytes = a.lda * 2;

@@ -6,10 +6,12 @@
 // so every block streams one contiguous byte range and all blocks carry the same load (up to one
 // tile). A run covers the tail of one output tile-column t, then whole columns, then the head of
 // another: each maximal piece with one t is a "segment". A segment spanning all of K writes its
-// outputs directly. Otherwise (split-K) the block stores its fp32 partial sums in a workspace slot,
-// bumps the column's counter, and the block that arrives last sums every contributor's slot in
-// block order (deterministic), applies the epilogue and resets the counter to 0. No block waits on
-// another, so there is no deadlock whatever the residency.
+// outputs directly. Otherwise (split-K: only a run's first and last segments) the block stores its
+// fp32 partial sums in a workspace slot and goes on streaming; when its run is done it publishes
+// its (at most two) slots with one release and bumps their columns' counters, and the block that
+// arrives last at a column sums every contributor's slot in block order (deterministic) with all
+// its threads, applies the epilogue and resets the counter to 0. No block waits on another, so
+// there is no deadlock whatever the residency.
 //
 // Inside a block. 8 warps: with one or two m16 tiles, warp w works on columns (w & 1) * 64 .. +64
 // and on k16 steps (w >> 1) * 2 .. +2 of every tile, for all activation rows (with three or four,
@@ -167,14 +169,6 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   return r;
 }
 
-// atomicAdd with acquire-release semantics at GPU scope (orders this thread's, and through a
-// preceding barrier its block's, earlier writes before the add; later reads after it).
-__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* ptr, int v) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(ptr), "r"(v) : "memory");
-  return old;
-}
-
 __device__ __forceinline__ float2 ldcg_f2(const float* p) { return __ldcg(reinterpret_cast<const float2*>(p)); }
 
 template <bool BF16>
@@ -203,6 +197,43 @@ __device__ __forceinline__ uint32_t float2_to_act2(float x, float y) {
   }
   return r;
 }
+
+// ---- optional timeline trace (development builds only) ------------------------------------------
+// Built with -DQB_MARLIN_TRACE (build_standalone.sh OUT -DQB_MARLIN_TRACE), thread 0 of each of the
+// first kTraceBlocks blocks records %globaltimer (ns, comparable across multiprocessors) at fixed
+// points of its life; bench/probe_marlin.py --trace reads them back through qb_marlin_trace_read.
+// Slots: 0 entry, 1..kTraceTiles the moment tile i's data is ready in warp 0, kSlotLoopEnd when the
+// last tile is computed, kSlotReduce when it starts summing a split column as its last contributor
+// (0 if it never does), kSlotEnd at exit, kSlotInfo = smid | segments << 16.
+#if defined(QB_MARLIN_TRACE)
+constexpr int kTraceBlocks = 1024;
+constexpr int kTraceTiles = 32;
+constexpr int kSlotLoopEnd = kTraceTiles + 1;
+constexpr int kSlotReduce = kTraceTiles + 2;
+constexpr int kSlotEnd = kTraceTiles + 3;
+constexpr int kSlotInfo = kTraceTiles + 4;
+// clock64 (SM cycles) at kernel entry and exit, and at the steps of the last finish_segment
+constexpr int kSlotClkEntry = kTraceTiles + 5;
+constexpr int kSlotClkFinish = kTraceTiles + 6;  // 6 steps: entry, warps met, k reduced, stored, counted, epilogue
+constexpr int kSlotClkEnd = kTraceTiles + 12;
+constexpr int kTraceSlots = kTraceTiles + 13;
+static __device__ unsigned long long g_trace[kTraceBlocks * kTraceSlots];  // one per family TU
+__device__ __forceinline__ void trace_at(int slot, unsigned long long v) {
+  if (threadIdx.x == 0 && blockIdx.x < kTraceBlocks) g_trace[blockIdx.x * kTraceSlots + slot] = v;
+}
+__device__ __forceinline__ unsigned long long trace_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define QB_TRACE_TIME(slot) trace_at((slot), trace_now())
+#define QB_TRACE_VALUE(slot, v) trace_at((slot), (v))
+#define QB_TRACE_CLOCK(slot) trace_at((slot), clock64())
+#else
+#define QB_TRACE_TIME(slot) ((void)0)
+#define QB_TRACE_VALUE(slot, v) ((void)0)
+#define QB_TRACE_CLOCK(slot) ((void)0)
+#endif
 
 // ---- the kernel ---------------------------------------------------------------------------------
 template <int MT>
@@ -341,53 +372,76 @@ struct Block {
 
   __device__ __forceinline__ int red_index(int mt, int j) const { return ((wn * MT + mt) * JN + j) * 32 + lane; }
 
-  // Called by all threads after the tile that ends a segment was computed from `stage`.
-  __device__ __forceinline__ void finish_segment(uint8_t* stage, int t, bool full, int u0, int* s_flag) {
-    float4* red = reinterpret_cast<float4*>(stage);
-    EpilogueOperands e;
-    if (wk == 0) load_epilogue_operands(t, e);
-    __syncthreads();  // every warp is done reading `stage`
+  // Summing the k groups' accumulators at a segment's end goes through the stage just consumed: in
+  // two rounds where two buffers of the block's accumulators fit in it (one m16 tile, four k
+  // groups), else in WK - 1 rounds through one buffer.
+  static constexpr int kRedBuf = WN * MT * JN * 32;  // float4s: every lane's accumulators of one k group
+  static constexpr bool kTreeSum = WK == 4 && 2 * kRedBuf * 16 <= S::kStageBytes;
+  static_assert(kRedBuf * 16 <= S::kStageBytes, "reduction buffer must fit one stage");
+
+  __device__ __forceinline__ void store_acc(float4* buf) const {
 #pragma unroll
-    for (int step = WK - 1; step >= 1; --step) {
-      if (wk == step) {
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int j = 0; j < JN; ++j) {
-            float4 o = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
-            if (step != WK - 1) {
-              const float4 v = red[red_index(mt, j)];
-              o.x += v.x;
-              o.y += v.y;
-              o.z += v.z;
-              o.w += v.w;
-            }
-            red[red_index(mt, j)] = o;
-          }
-      }
-      __syncthreads();
-    }
-    if (wk != 0) return;
-    // the WN warps with wk == 0 (threads 0 .. 32 * WN - 1) from here on
+      for (int j = 0; j < JN; ++j)
+        buf[red_index(mt, j)] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+  }
+
+  __device__ __forceinline__ void add_acc(const float4* buf) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int j = 0; j < JN; ++j) {
-        const float4 o = red[red_index(mt, j)];
+        const float4 o = buf[red_index(mt, j)];
         acc[mt][j][0] += o.x;
         acc[mt][j][1] += o.y;
         acc[mt][j][2] += o.z;
         acc[mt][j][3] += o.w;
       }
+  }
+
+  // Called by all threads after the tile that ends a segment was computed from `stage`: sums the
+  // k groups' accumulators through shared memory; a segment spanning all of K then runs its
+  // epilogue, any other stores its fp32 partial sums in the block's workspace slot for column t
+  // (published later, by publish_and_reduce, once per block).
+  __device__ __forceinline__ void finish_segment(uint8_t* stage, int t, bool full, int u0) {
+    float4* red = reinterpret_cast<float4*>(stage);
+    EpilogueOperands e;
+    QB_TRACE_CLOCK(kSlotClkFinish);
+    if (wk == 0 && full) load_epilogue_operands(t, e);
+    __syncthreads();  // every warp is done reading `stage`
+    QB_TRACE_CLOCK(kSlotClkFinish + 1);
+    if constexpr (kTreeSum) {
+      // two rounds: k groups 2, 3 hand their sums to 0, 1 (buffers 0, 1), then 1 hands to 0 (buffer 1,
+      // which group 1 itself read: each lane reads and writes only its own elements)
+      if (wk >= 2) store_acc(red + (wk - 2) * kRedBuf);
+      __syncthreads();
+      if (wk < 2) add_acc(red + wk * kRedBuf);
+      if (wk == 1) store_acc(red + kRedBuf);
+      __syncthreads();
+      if (wk != 0) return;
+      add_acc(red + kRedBuf);
+    } else {
+      // one group after the other into one buffer: the highest first, each adding what is there
+#pragma unroll
+      for (int step = WK - 1; step >= 1; --step) {
+        if (wk == step) {
+          if (step != WK - 1) add_acc(red);
+          store_acc(red);
+        }
+        __syncthreads();
+      }
+      if (wk != 0) return;
+      add_acc(red);
+    }
+    // the WN warps with wk == 0 (threads 0 .. 32 * WN - 1) from here on
+    QB_TRACE_CLOCK(kSlotClkFinish + 2);
     if (full) {
       epilogue(t, e);
       return;
     }
     const int g = lane >> 2, q = lane & 3;
-    const int b = blockIdx.x;
-    const int first_t = u0 / p.KT;
-    const int my_slot = 2 * b + (t == first_t ? 0 : 1);
-    float* part = p.partials + (size_t)my_slot * kPartialFloats;
+    float* part = p.partials + (size_t)slot_of(blockIdx.x, t, u0 / p.KT) * kPartialFloats;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -399,39 +453,117 @@ struct Block {
             __stcg(reinterpret_cast<float2*>(part + r * kTileN + col0(j) + 2 * q),
                    make_float2(acc[mt][j][2 * hh], acc[mt][j][2 * hh + 1]));
         }
+    QB_TRACE_CLOCK(kSlotClkFinish + 3);
+  }
+
+  // A block's two partial slots: one for the column its run starts in, one for the column it ends in.
+  __device__ __forceinline__ static int slot_of(int b, int t, int first_t) { return 2 * b + (t == first_t ? 0 : 1); }
+
+  // Called by all threads once the block's run is done, with the (at most two) split columns it
+  // stored partial sums for. Deferring this to the end keeps a split-K hand-over in the middle of a
+  // run from stalling the stream: the partial sums' stores complete while later tiles are computed,
+  // and the block pays for one release and one counter round trip in all. Then the last
+  // contributor of each column sums every contributor's slot in block order (deterministic) with
+  // all its threads, runs the epilogue and resets the counter to 0 for the next launch.
+  //
+  // The column sums are shared out by float pair: thread tid takes the pair at columns
+  // 2 * (tid % 64), +1 of rows tid / 64, + 4, + 8, ... (< M), reading the slots row-major as they
+  // were written, so each thread needs one pair of scales and biases per column, loaded here before
+  // the round trips so that they are in registers by the time the sums are.
+  static constexpr int kRowsPerThread = MT * 16 / (kThreads / (kTileN / 2));
+  static constexpr int kReduceBatch = MT <= 2 ? 4 : 2;  // contributors whose loads are in flight together
+
+  struct ColumnEpilogue {
+    float2 scale, bias;
+  };
+
+  __device__ __forceinline__ ColumnEpilogue column_epilogue(int t) const {
+    const int n = t * kTileN + 2 * (tid % (kTileN / 2));
+    ColumnEpilogue e{make_float2(0.f, 0.f), make_float2(0.f, 0.f)};
+    if (n >= p.N) return e;  // N % 8 == 0: n < N implies n + 1 < N
+    const float s0 = __ldg(p.scale + (p.scale_per_col ? n : 0));
+    const float s1 = __ldg(p.scale + (p.scale_per_col ? n + 1 : 0));
+    e.scale = make_float2(s0 * decode_scale<BF16>(), s1 * decode_scale<BF16>());
+    if (p.bias) e.bias = act2_to_float2<BF16>(__ldg(reinterpret_cast<const uint32_t*>(p.bias + 2 * (int64_t)n)));
+    return e;
+  }
+
+  __device__ __forceinline__ void publish_and_reduce(int pend0, int pend1, int npend, int* s_last) {
+    ColumnEpilogue e0{}, e1{};
+    if (npend > 0) e0 = column_epilogue(pend0);
+    if (npend > 1) e1 = column_epilogue(pend1);
+    __syncthreads();  // the partial sums' stores of every warp come before thread 0's release below
+    if (tid == 0) {
+      // release (fence, then relaxed adds), then acquire (fence) for the columns this block sums
+      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+      int prev[2] = {0, 0};
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        if (k < npend)
+          asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 1;\n"
+                       : "=r"(prev[k])
+                       : "l"(p.counters + (k == 0 ? pend0 : pend1))
+                       : "memory");
+      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        if (k < npend) {
+          const int t = k == 0 ? pend0 : pend1;
+          s_last[k] = prev[k] == ((t + 1) * p.KT - 1) / p.per - (t * p.KT) / p.per;
+        }
+    }
+    __syncthreads();
+    QB_TRACE_CLOCK(kSlotClkFinish + 4);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (k >= npend || !s_last[k]) continue;
+      const int t = k == 0 ? pend0 : pend1;
+      QB_TRACE_TIME(kSlotReduce);
+      reduce_column(t, k == 0 ? e0 : e1);
+      QB_TRACE_CLOCK(kSlotClkFinish + 5);
+      if (tid == 0) atomicExch(p.counters + t, 0);  // ready for the next launch
+    }
+  }
+
+  __device__ __forceinline__ void reduce_column(int t, const ColumnEpilogue& e) {
     const int b_first = (t * p.KT) / p.per;
     const int b_last = ((t + 1) * p.KT - 1) / p.per;
-    // One thread publishes the block's partial sums with a release (the barrier orders the other
-    // threads' stores before it) and, when it arrives last, acquires everyone else's: the pattern of
-    // a semaphore, with no fence per thread.
-    named_barrier_sync(1, 32 * WN);
-    if (tid == 0) {
-      const int prev = atomic_add_acq_rel_gpu(p.counters + t, 1);
-      *s_flag = (prev == b_last - b_first);
+    const int col = 2 * (tid % (kTileN / 2));
+    const int row0 = tid / (kTileN / 2);
+    constexpr int kRowStep = kThreads / (kTileN / 2);
+    const bool col_ok = t * kTileN + col < p.N;
+    float2 sum[kRowsPerThread];
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) sum[i] = make_float2(0.f, 0.f);
+    for (int bb = b_first; bb <= b_last; bb += kReduceBatch) {
+      float2 v[kReduceBatch][kRowsPerThread];
+#pragma unroll
+      for (int c = 0; c < kReduceBatch; ++c) {
+        const int b = bb + c;
+        const float* src = p.partials + (size_t)slot_of(b, t, (b * p.per) / p.KT) * kPartialFloats + col;
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) {
+          const int r = row0 + i * kRowStep;
+          v[c][i] = (b <= b_last && r < p.M && col_ok) ? ldcg_f2(src + r * kTileN) : make_float2(0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kReduceBatch; ++c)
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) {
+          sum[i].x += v[c][i].x;
+          sum[i].y += v[c][i].y;
+        }
     }
-    named_barrier_sync(1, 32 * WN);
-    if (!*s_flag) return;
-    zero_acc();
-#pragma unroll (MT == 1 ? 3 : 2)  // several contributors' loads in flight together (more spill for MT > 1)
-    for (int bb = b_first; bb <= b_last; ++bb) {
-      const int slot = 2 * bb + ((bb * p.per) / p.KT == t ? 0 : 1);
-      const float* src = p.partials + (size_t)slot * kPartialFloats;
+    if (!col_ok) return;
+    const int64_t n = t * kTileN + col;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < JN; ++j)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int r = mt * 16 + g + hh * 8;
-            if (r < p.M) {
-              const float2 v = ldcg_f2(src + r * kTileN + col0(j) + 2 * q);
-              acc[mt][j][2 * hh] += v.x;
-              acc[mt][j][2 * hh + 1] += v.y;
-            }
-          }
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int r = row0 + i * kRowStep;
+      if (r < p.M)
+        *reinterpret_cast<uint32_t*>(p.out + r * p.ldo_bytes + 2 * n) =
+            float2_to_act2<BF16>(fmaf(sum[i].x, e.scale.x, e.bias.x), fmaf(sum[i].y, e.scale.y, e.bias.y));
     }
-    epilogue(t, e);
-    if (tid == 0) atomicExch(p.counters + t, 0);  // ready for the next launch
   }
 };
 
@@ -447,14 +579,23 @@ template <int MT, bool BF16, int ARCH>
 __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) marlin_mm_kernel(const Params p) {
   using S = Shape<MT>;
   extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ int s_flag;
+  __shared__ int s_last[2];  // whether this block sums each of its split columns (publish_and_reduce)
   Block<MT, BF16, ARCH> blk(p, smem);
+  QB_TRACE_TIME(0);
+  QB_TRACE_CLOCK(kSlotClkEntry);
   blk.zero_acc();
 
   const int tid = threadIdx.x;
   const int u0 = blockIdx.x * p.per;
   const int n = min(p.units, u0 + p.per) - u0;
   int seg_kt0 = u0 % p.KT;  // k tile where the current segment started
+  // The split columns whose partial sums this block stores: only a run's first and last segments
+  // can be split (scalars, not an array, to stay in registers).
+  int pend0 = 0, pend1 = 0, npend = 0;
+  auto add_pending = [&](int t) {
+    if (npend == 0) pend0 = t; else pend1 = t;
+    ++npend;
+  };
 
   if constexpr (ARCH >= 80) {
     // Each warp runs its own pipeline: every lane copies (cp.async) exactly the weight pieces it will
@@ -515,6 +656,9 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
     int i = 0, t = u0 / p.KT, kt = seg_kt0;
     // One pass per segment (the run's tiles of one output column): a tight inner loop over its tiles,
     // then the segment's reduction and epilogue.
+#if defined(QB_MARLIN_TRACE)
+    int trace_segments = 0;
+#endif
     while (i < n) {
       const int seg_len = min(n - i, p.KT - kt);
       for (int j = 0; j < seg_len; ++j) {
@@ -522,12 +666,21 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
         // The k group's activation pieces have landed, and every warp of the group is done with the
         // stage the next load refills (it computed from it in the previous iteration).
         named_barrier_sync(2 + wk, kGroupThreads);
+#if defined(QB_MARLIN_TRACE)
+        if (i + j < kTraceTiles) QB_TRACE_TIME(1 + i + j);
+#endif
         load_next();
         blk.compute(smem + rd);
         rd = (rd + S::kStageBytes == ring_bytes) ? 0 : rd + S::kStageBytes;
       }
       uint8_t* last = smem + (rd == 0 ? ring_bytes : rd) - S::kStageBytes;  // the stage just computed
-      blk.finish_segment(last, t, kt == 0 && seg_len == p.KT, u0, &s_flag);
+#if defined(QB_MARLIN_TRACE)
+      if (i + seg_len == n) QB_TRACE_TIME(kSlotLoopEnd);
+      ++trace_segments;
+#endif
+      const bool full = kt == 0 && seg_len == p.KT;
+      blk.finish_segment(last, t, full, u0);
+      if (!full) add_pending(t);
       blk.zero_acc();
       __syncthreads();  // the reduction buffer (`last`) is read before any warp's next load refills it
       i += seg_len;
@@ -535,6 +688,14 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
       kt = 0;
     }
     cp_async_wait<0>();
+    blk.publish_and_reduce(pend0, pend1, npend, s_last);
+#if defined(QB_MARLIN_TRACE)
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    QB_TRACE_VALUE(kSlotInfo, smid | (trace_segments << 16));
+    QB_TRACE_TIME(kSlotEnd);
+    QB_TRACE_CLOCK(kSlotClkEnd);
+#endif
   } else {
     // Register-staged double buffering: tile i + 1 is in flight in registers while tile i is
     // computed from shared memory.
@@ -577,7 +738,9 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
       uint8_t* stage = smem + (i & 1) * S::kStageBytes;
       blk.compute(stage);
       if (kt == p.KT - 1 || i == n - 1) {
-        blk.finish_segment(stage, t, seg_kt0 == 0 && kt == p.KT - 1, u0, &s_flag);
+        const bool full = seg_kt0 == 0 && kt == p.KT - 1;
+        blk.finish_segment(stage, t, full, u0);
+        if (!full) add_pending(t);
         blk.zero_acc();
         seg_kt0 = 0;
       }
@@ -590,6 +753,7 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
       next_lkt();
       __syncthreads();
     }
+    blk.publish_and_reduce(pend0, pend1, npend, s_last);
   }
 }
 

@@ -12,3 +12,19 @@ int sm80_marlin_prepare(const void* w, int64_t ldw, int N, int K, void* packed, 
 }
 
 }  // namespace qbmarlin
+
+#if defined(QB_MARLIN_TRACE)
+// Development builds only (see the trace notes in marlin_kernel.cuh): copies the recorded timeline
+// of the SM80 family's last launches into dst (kTraceBlocks x kTraceSlots values), clears it, and
+// returns kTraceSlots (or -1 on a CUDA error).
+extern "C" __attribute__((visibility("default"))) int qb_marlin_trace_read(unsigned long long* dst, int max_values) {
+  using namespace qbmarlin::kern;
+  const int n = kTraceBlocks * kTraceSlots;
+  if (max_values < n) return -1;
+  if (cudaDeviceSynchronize() != cudaSuccess) return -1;
+  if (cudaMemcpyFromSymbol(dst, g_trace, n * sizeof(unsigned long long)) != cudaSuccess) return -1;
+  static unsigned long long zeros[kTraceBlocks * kTraceSlots];
+  if (cudaMemcpyToSymbol(g_trace, zeros, sizeof(zeros)) != cudaSuccess) return -1;
+  return kTraceSlots;
+}
+#endif

@@ -93,6 +93,10 @@ def marlin_part():
                 packed = mn.prepare(w)
                 mn.mm(a, packed, torch.rand(N, device=dev) + 0.5, bias, out, N, K, variant=v)
                 mn.mm(a, packed, torch.rand(1, device=dev) + 0.5, None, out, N, K, variant=v)
+                # 7 blocks: runs that start in one column and end in another (two partial slots and
+                # counters per block); scales one element into their buffer
+                scale_view = (torch.rand(N + 1, device=dev) + 0.5)[1:]
+                mn.mm(a, packed, scale_view, bias, out, N, K, variant=v, max_blocks=7)
 
 
 for name, part in (("scaled_mm", scaled_mm_part), ("quantize", quantize_part), ("marlin", marlin_part)):

@@ -181,6 +181,46 @@ def test_cuda_graph_replay_and_workspace_reset(variant, gen):
     assert int(counters.abs().sum()) == 0, "tile counters not reset"
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", [(4096, 4096), (6144, 4096), (1000, 1000), (4160, 3080)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_every_work_split(variant, shape, gen):
+    """Forced grid sizes and blocks per multiprocessor deal the tiles in every pattern the kernel
+    handles: runs inside one column (split-K with 2 to 16+ contributors), runs that start in one
+    column and end in the next (two partial slots and two counters per block), runs of whole
+    columns, runs that end in a column's middle after whole columns, one block for everything."""
+    _need_variant(variant)
+    dtype = torch.bfloat16 if variant == 80 else torch.float16
+    N, K = shape
+    w = random_e4m3(N, K, gen)
+    packed = mn.prepare(w)
+    # per-column and per-tensor scales, bias on and off, and views 4 bytes into their buffers
+    scale_buf = (torch.rand(N + 1, device=DEV, generator=gen) + 0.5) / (130.0 * math.sqrt(K))
+    bias_buf = torch.randn(N + 2, device=DEV, generator=gen).to(dtype)
+    operands = [(scale_buf[:N], bias_buf[:N]), (scale_buf[1:], bias_buf[2:]), (scale_buf[:1], None),
+                (scale_buf[:N], None)]
+    ws = mn.new_workspace(N, K, DEV)
+    case = 0
+    for M in (1, 16, 17, 64):
+        a = torch.randn(M, K, device=DEV, generator=gen).to(dtype)
+        base = a.double() @ w.double().t()
+        for max_blocks in (0, 1, 3, 7, 29, 64, 100, 263):
+            for bps in (0, 1, 2):
+                scale, bias = operands[case % len(operands)]
+                case += 1
+                ref = base * (scale.double()[None, :] if scale.numel() == N else scale.double().item())
+                if bias is not None:
+                    ref = ref + bias.double()[None, :]
+                out = torch.full((M, N), float("nan"), device=DEV, dtype=dtype)
+                mn.mm(a, packed, scale, bias, out, N, K, variant=variant, workspace=ws, max_blocks=max_blocks,
+                      blocks_per_sm=bps)
+                check(out, ref, dtype, f"sm{variant} N={N} K={K} M={M} max_blocks={max_blocks} blocks_per_sm={bps} "
+                      f"scale {scale.numel()} at +{scale.storage_offset()} bias {bias is not None}")
+    nt = (N + 127) // 128
+    counters = ws[ws.numel() - ((4 * nt + 255) // 256) * 256:][: 4 * nt].view(torch.int32)
+    assert int(counters.abs().sum()) == 0, "tile counters not reset"
+
+
 def test_m_zero_is_a_no_op():
     _need_variant(0)
     N, K = 64, 64
