@@ -33,7 +33,10 @@ struct LaunchShape {
 // (4096 tiles) one block wins: 4096x4096 10.7 against 12.4 us, 4096x14336 21.0 / 21.4 against
 // 21.7 / 23.9 (M = 1 / 16), 8192x8192 level at M = 1 and 22.6 against 23.8 at M = 16. Its ring depth
 // matters little (within 2 % from 3 to 8). Two blocks are used when each would still get >= 18
-// tiles (units >= 36 * SMs; 10240x8192, 5120 tiles, stays on two: 27.5 us).
+// tiles (units >= 36 * SMs; 10240x8192, 5120 tiles, stays on two: 27.5 us). (Those figures predate
+// the split-K hand-over at the end of each run; a sweep of the current kernel, bench/probe_marlin.py
+// at M = 1, keeps the same choices: 28672x4096 32.1 us on two blocks against 37.1, 57344x8192
+// 115.5 against 126.3, 4096x4096 9.4 on one against 10.4, 10240x8192 26.9 on two against 27.3.)
 constexpr int kTwoBlocksMinTilesPerBlock = 18;
 
 // A block's run of `per` tiles is aligned with the columns when per divides KT (each column is split
