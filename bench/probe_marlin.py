@@ -8,9 +8,13 @@ Timings under CUDA-graph replay (the benchmark's method) of
 and, with --trace and a library built with the kernel's timeline trace
 (csrc_cuda/marlin/build_standalone.sh OUT -DQB_MARLIN_TRACE), each block's life in one launch:
 when it starts, when each of its tiles is ready, when its loop ends, when it sums a split column
-as the last contributor, and when it exits.
+as the last contributor, and when it exits. --ab times several such builds' automatic choice
+against each other in one process (alternating), --check runs the work-split GPU test on a build
+the test itself cannot load.
 
-    python bench/probe_marlin.py [--lib OUT/libqbackend_marlin_test.so] [--trace] [--variant 80]
+    python bench/probe_marlin.py [--lib OUT/libqbackend_marlin_test.so] [--variant 80]
+    python bench/probe_marlin.py --lib OUT/libqbackend_marlin_test.so --skip-timing --trace 1:4096:4096,...
+    python bench/probe_marlin.py --ab A/libqbackend_marlin_test.so,B/libqbackend_marlin_test.so
 """
 from __future__ import annotations
 
