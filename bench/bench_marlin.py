@@ -46,6 +46,11 @@ def random_e4m3(N, K, generator=None):
     return codes.view(torch.float8_e4m3fn)
 
 
+def weight_copies(N, K):
+    """How many copies of an [N, K] fp8 weight to rotate through: >= 512 MB in all, 2 to R."""
+    return max(2, min(R, (512 * 2**20) // (N * K)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -61,7 +66,7 @@ def main():
     ms = [int(m) for m in args.ms.split(",")]
     rows, tuning = [], []
     for (N, K) in shapes:
-        n = max(2, min(R, (512 * 2**20) // (N * K)))
+        n = weight_copies(N, K)
         w8 = [random_e4m3(N, K) for _ in range(n)]
         packed = [mn.prepare(w) for w in w8]
         wb = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in range(n)]

@@ -29,7 +29,7 @@ import torch
 from qbackend_providers import marlin_native as mn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_marlin import random_e4m3  # noqa: E402
+from bench_marlin import random_e4m3, weight_copies  # noqa: E402
 from timing import graph_time  # noqa: E402
 
 dev = "cuda"
@@ -47,16 +47,18 @@ def use_library(path: str):
     return lib
 
 
-def copies(N: int, K: int) -> int:
-    return max(2, min(16, (512 * 2**20) // (N * K)))
-
-
-def marlin_timer(M: int, N: int, K: int, variant: int):
-    packed = [mn.prepare(random_e4m3(N, K)) for _ in range(copies(N, K))]
+def problem(M: int, N: int, K: int):
+    """Rotated packed weights (see weight_copies), per-channel scales, workspace, activations, output."""
+    packed = [mn.prepare(random_e4m3(N, K)) for _ in range(weight_copies(N, K))]
     scale = torch.rand(N, device=dev) + 0.5
     ws = mn.new_workspace(N, K, dev)
     a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
     out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+    return packed, scale, ws, a, out
+
+
+def marlin_timer(M: int, N: int, K: int, variant: int):
+    packed, scale, ws, a, out = problem(M, N, K)
 
     def t(**kw) -> float:
         return graph_time([lambda p=p: mn.mm(a, p, scale, None, out, N, K, variant=variant, workspace=ws, **kw)
@@ -82,11 +84,7 @@ def trace_point(lib, M: int, N: int, K: int, variant: int) -> None:
     buf = (ctypes.c_ulonglong * n_values)()
     lib.qb_marlin_trace_read.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.qb_marlin_trace_read.restype = ctypes.c_int
-    packed = [mn.prepare(random_e4m3(N, K)) for _ in range(copies(N, K))]
-    scale = torch.rand(N, device=dev) + 0.5
-    ws = mn.new_workspace(N, K, dev)
-    a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-    out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+    packed, scale, ws, a, out = problem(M, N, K)
     for p in packed:  # warm-up; the last weight read stays out of L2 until it is used again below
         mn.mm(a, p, scale, None, out, N, K, variant=variant, workspace=ws)
     for rep in range(3):

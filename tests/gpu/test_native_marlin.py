@@ -63,6 +63,12 @@ def check(out, ref, dtype, what):
                              f"normwise rel err {(err.norm() / r.norm()).item():.3g}")
 
 
+def tile_counters(ws, N):
+    """The workspace's per-column counters (its tail: one int per 128 rows of N, 256-byte aligned)."""
+    nt = (N + 127) // 128
+    return ws[ws.numel() - ((4 * nt + 255) // 256) * 256:][: 4 * nt].view(torch.int32)
+
+
 @pytest.fixture(scope="module")
 def gen():
     g = torch.Generator(device=DEV)
@@ -176,9 +182,7 @@ def test_cuda_graph_replay_and_workspace_reset(variant, gen):
         g.replay()
         torch.cuda.synchronize()
         check(out, (a.double() @ w.double().t()) * scale.double(), dtype, "graph replay")
-    nt = (N + 127) // 128
-    counters = ws[ws.numel() - ((4 * nt + 255) // 256) * 256:][: 4 * nt].view(torch.int32)
-    assert int(counters.abs().sum()) == 0, "tile counters not reset"
+    assert int(tile_counters(ws, N).abs().sum()) == 0, "tile counters not reset"
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -216,9 +220,7 @@ def test_every_work_split(variant, shape, gen):
                       blocks_per_sm=bps)
                 check(out, ref, dtype, f"sm{variant} N={N} K={K} M={M} max_blocks={max_blocks} blocks_per_sm={bps} "
                       f"scale {scale.numel()} at +{scale.storage_offset()} bias {bias is not None}")
-    nt = (N + 127) // 128
-    counters = ws[ws.numel() - ((4 * nt + 255) // 256) * 256:][: 4 * nt].view(torch.int32)
-    assert int(counters.abs().sum()) == 0, "tile counters not reset"
+    assert int(tile_counters(ws, N).abs().sum()) == 0, "tile counters not reset"
 
 
 def test_m_zero_is_a_no_op():
