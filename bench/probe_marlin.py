@@ -141,8 +141,8 @@ def trace_point(lib, M: int, N: int, K: int, variant: int) -> None:
 
 
 def check_splits(variant: int) -> None:
-    """tests/gpu/test_native_marlin.py's work-split test against the loaded library (for a development
-    build, which the test itself cannot load)."""
+    """tests/gpu/test_native_marlin.py's work-split and ring-depth tests against the loaded library
+    (for a development build, which the tests themselves cannot load)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
     import test_native_marlin as t
 
@@ -150,6 +150,8 @@ def check_splits(variant: int) -> None:
     g.manual_seed(1)
     for shape in [(4096, 4096), (6144, 4096), (1000, 1000), (4160, 3080), (28672, 4096)]:
         t.test_every_work_split(variant, shape, g)
+    if variant == 80:
+        t.test_every_ring_depth(g)
     print(f"check sm{variant}: passed", flush=True)
 
 
@@ -183,6 +185,7 @@ def main() -> None:
     ap.add_argument("--lib", default="", help="a standalone marlin test library to use instead")
     ap.add_argument("--trace", default="", help="M:N:K,... points to trace (needs a traced --lib)")
     ap.add_argument("--sweep", default="4096x4096,6144x4096,10240x8192")
+    ap.add_argument("--sweep-ms", default="1,16", help="rows of the sweep's points")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--check", action="store_true", help="check results under many work splits first")
     ap.add_argument("--ab", default="", help="comma-separated library paths to time against each other")
@@ -216,7 +219,7 @@ def main() -> None:
 
     for s in args.sweep.split(","):
         N, K = map(int, s.split("x"))
-        for M in (1, 16):
+        for M in (int(m) for m in args.sweep_ms.split(",")):
             t = marlin_timer(M, N, K, args.variant)
             line = [f"M={M:2d} {N}x{K} auto {t():7.2f}"]
             for bps, stages in [(1, 2), (1, 3), (1, 4), (1, 6), (1, 8), (1, 10), (1, 12), (2, 2), (2, 3), (2, 4)]:

@@ -223,6 +223,28 @@ def test_every_work_split(variant, shape, gen):
     assert int(tile_counters(ws, N).abs().sum()) == 0, "tile counters not reset"
 
 
+def test_every_ring_depth(gen):
+    """Every cp.async ring depth the SM80 family takes (2..12; the automatic choice uses 3 to 6), with
+    one and two resident blocks, on partial tiles in n and k, fp16 and bf16, one to four m16 tiles."""
+    _need_variant(80)
+    N, K = 1000, 3080
+    w = random_e4m3(N, K, gen)
+    packed = mn.prepare(w)
+    scale = (torch.rand(N, device=DEV, generator=gen) + 0.5) / (130.0 * math.sqrt(K))
+    ws = mn.new_workspace(N, K, DEV)
+    for dtype in (torch.float16, torch.bfloat16):
+        for M in (1, 9, 40, 64):
+            a = torch.randn(M, K, device=DEV, generator=gen).to(dtype)
+            ref = (a.double() @ w.double().t()) * scale.double()[None, :]
+            for stages in range(2, 13):
+                for bps in (1, 2):
+                    out = torch.full((M, N), float("nan"), device=DEV, dtype=dtype)
+                    mn.mm(a, packed, scale, None, out, N, K, variant=80, workspace=ws, stages=stages,
+                          blocks_per_sm=bps)
+                    check(out, ref, dtype, f"{dtype} M={M} stages={stages} blocks_per_sm={bps}")
+    assert int(tile_counters(ws, N).abs().sum()) == 0, "tile counters not reset"
+
+
 def test_m_zero_is_a_no_op():
     _need_variant(0)
     N, K = 64, 64
