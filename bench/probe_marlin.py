@@ -9,8 +9,8 @@ and, with --trace and a library built with the kernel's timeline trace
 (csrc_cuda/marlin/build_standalone.sh OUT -DQB_MARLIN_TRACE), each block's life in one launch:
 when it starts, when each of its tiles is ready, when its loop ends, when it sums a split column
 as the last contributor, and when it exits. --ab times several such builds' automatic choice
-against each other in one process (alternating), --check runs the work-split GPU test on a build
-the test itself cannot load.
+against each other in one process (alternating), --check runs the work-split and ring-depth GPU
+tests on a build the tests themselves cannot load.
 
     python bench/probe_marlin.py [--lib OUT/libqbackend_marlin_test.so] [--variant 80]
     python bench/probe_marlin.py --lib OUT/libqbackend_marlin_test.so --skip-timing --trace 1:4096:4096,...

@@ -76,13 +76,18 @@ def gen():
     return g
 
 
+def output_scales(n, K, gen):
+    """n per-channel weight scales in [0.5, 1.5) / (130 sqrt(K)): |w| over random codes has a standard
+    deviation near 130, so outputs are O(1)."""
+    return (torch.rand(n, device=DEV, generator=gen) + 0.5) / (130.0 * math.sqrt(K))
+
+
 def run_shape(variant, dtype, N, K, gen, ms=MS):
     _need_variant(variant)
     w = random_e4m3(N, K, gen)
     packed = mn.prepare(w)
     wd = w.double()
-    # |w| over random codes has a standard deviation near 130: scale outputs to O(1)
-    s_row = (torch.rand(N, device=DEV, generator=gen) + 0.5) / (130.0 * math.sqrt(K))
+    s_row = output_scales(N, K, gen)
     s_ten = s_row[:1].clone()
     bias = torch.randn(N, device=DEV, generator=gen).to(dtype)
     for M in ms:
@@ -150,7 +155,7 @@ def test_strided_inputs_and_outputs(variant, gen):
     a = big_a[:, 8:8 + K]  # 16-byte aligned start, lda = K + 24
     big_o = torch.full((M, N + 40), float("nan"), device=DEV, dtype=dtype)
     out = big_o[:, :N]
-    scale = (torch.rand(N, device=DEV, generator=gen) + 0.5) / (130.0 * math.sqrt(K))
+    scale = output_scales(N, K, gen)
     mn.mm(a, packed, scale, None, out, N, K, variant=variant)
     ref = (a.double() @ w.double().t()) * scale.double()
     check(out, ref, dtype, "strided")
@@ -199,7 +204,7 @@ def test_every_work_split(variant, shape, gen):
     w = random_e4m3(N, K, gen)
     packed = mn.prepare(w)
     # per-column and per-tensor scales, bias on and off, and views 4 bytes into their buffers
-    scale_buf = (torch.rand(N + 1, device=DEV, generator=gen) + 0.5) / (130.0 * math.sqrt(K))
+    scale_buf = output_scales(N + 1, K, gen)
     bias_buf = torch.randn(N + 2, device=DEV, generator=gen).to(dtype)
     operands = [(scale_buf[:N], bias_buf[:N]), (scale_buf[1:], bias_buf[2:]), (scale_buf[:1], None),
                 (scale_buf[:N], None)]
@@ -230,7 +235,7 @@ def test_every_ring_depth(gen):
     N, K = 1000, 3080
     w = random_e4m3(N, K, gen)
     packed = mn.prepare(w)
-    scale = (torch.rand(N, device=DEV, generator=gen) + 0.5) / (130.0 * math.sqrt(K))
+    scale = output_scales(N, K, gen)
     ws = mn.new_workspace(N, K, DEV)
     for dtype in (torch.float16, torch.bfloat16):
         for M in (1, 9, 40, 64):
@@ -255,7 +260,7 @@ def test_rows_do_not_depend_on_m(variant, gen):
     N, K = 4096, 4096
     w = random_e4m3(N, K, gen)
     packed = mn.prepare(w)
-    scale = (torch.rand(N, device=DEV, generator=gen) + 0.5) / (130.0 * math.sqrt(K))
+    scale = output_scales(N, K, gen)
     bias = torch.randn(N, device=DEV, generator=gen).to(dtype)
     ws = mn.new_workspace(N, K, DEV)
     a = torch.randn(16, K, device=DEV, generator=gen).to(dtype)
