@@ -96,16 +96,13 @@ def test_probe_does_not_initialize_cuda():
 
 
 def test_import_cost_over_torch():
-    """`import qbackend` adds well under a second to `import torch`."""
-    def timed(stmt):
-        code = f"import time; t = time.perf_counter(); {stmt}; print(time.perf_counter() - t)"
-        runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                     check=True).stdout) for _ in range(3)]
-        return min(runs)
-
-    torch_only = timed("import torch")
-    both = timed("import torch; t2 = time.perf_counter(); import qbackend")
-    assert both - torch_only < 0.5, (torch_only, both)
+    """`import qbackend` adds well under a second to `import torch`. Timed inside one process after
+    torch is loaded (fastest of three fresh interpreters), not as the difference of two totals whose
+    noise on a busy machine is as large as the bound."""
+    code = "import time, torch; t = time.perf_counter(); import qbackend; print(time.perf_counter() - t)"
+    runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+            for _ in range(3)]
+    assert min(runs) < 0.5, runs
 
 
 def test_fnuz_reencoding_is_exact():
