@@ -63,10 +63,12 @@ def check(out, ref, dtype, what):
                              f"normwise rel err {(err.norm() / r.norm()).item():.3g}")
 
 
-def tile_counters(ws, N):
-    """The workspace's per-column counters (its tail: one int per 128 rows of N, 256-byte aligned)."""
+def assert_counters_reset(ws, N):
+    """Every launch leaves the workspace's per-column counters at zero for the next one (its tail:
+    one int per 128 rows of N, 256-byte aligned)."""
     nt = (N + 127) // 128
-    return ws[ws.numel() - ((4 * nt + 255) // 256) * 256:][: 4 * nt].view(torch.int32)
+    counters = ws[ws.numel() - ((4 * nt + 255) // 256) * 256:][: 4 * nt].view(torch.int32)
+    assert int(counters.abs().sum()) == 0, "tile counters not reset"
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +189,7 @@ def test_cuda_graph_replay_and_workspace_reset(variant, gen):
         g.replay()
         torch.cuda.synchronize()
         check(out, (a.double() @ w.double().t()) * scale.double(), dtype, "graph replay")
-    assert int(tile_counters(ws, N).abs().sum()) == 0, "tile counters not reset"
+    assert_counters_reset(ws, N)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -225,7 +227,7 @@ def test_every_work_split(variant, shape, gen):
                       blocks_per_sm=bps)
                 check(out, ref, dtype, f"sm{variant} N={N} K={K} M={M} max_blocks={max_blocks} blocks_per_sm={bps} "
                       f"scale {scale.numel()} at +{scale.storage_offset()} bias {bias is not None}")
-    assert int(tile_counters(ws, N).abs().sum()) == 0, "tile counters not reset"
+    assert_counters_reset(ws, N)
 
 
 def test_every_ring_depth(gen):
@@ -247,7 +249,7 @@ def test_every_ring_depth(gen):
                     mn.mm(a, packed, scale, None, out, N, K, variant=80, workspace=ws, stages=stages,
                           blocks_per_sm=bps)
                     check(out, ref, dtype, f"{dtype} M={M} stages={stages} blocks_per_sm={bps}")
-    assert int(tile_counters(ws, N).abs().sum()) == 0, "tile counters not reset"
+    assert_counters_reset(ws, N)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -275,7 +277,7 @@ def test_rows_do_not_depend_on_m(variant, gen):
                 f"max_blocks={max_blocks}: the {M} rows differ from the same rows of M=16"
         ref = (a.double() @ w.double().t()) * scale.double() + bias.double()
         check(outs[16], ref, dtype, f"max_blocks={max_blocks}")
-    assert int(tile_counters(ws, N).abs().sum()) == 0, "tile counters not reset"
+    assert_counters_reset(ws, N)
 
 
 def test_m_zero_is_a_no_op():
