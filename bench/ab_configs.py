@@ -1,6 +1,6 @@
 """Interleaved A/B of SM90 scaled_mm configs: the dispatcher's choice next to forced candidates.
 
-    python bench/ab_configs.py [--ms 64,128,256,512,1024,2048] [--shapes N:K,...] [--rounds 4]
+    python bench/ab_configs.py [--ms 64,128,256,512,1024,2048] [--shapes N:K,...] [--rounds 4] [--only L,...]
 
 Why not --tune: under sustained FP8 GEMM load the H200 sits at its 700 W power limit and its SM
 clock wanders (1.2 to 1.75 GHz seen within one minute), so timings taken one after the other drift by
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from functools import partial
 
@@ -28,7 +29,9 @@ from timing import graph_time, interleaved  # noqa: E402  (one timing method for
 
 # label -> (config name, decomposition: 0 data-parallel, 2 stream-K, 3 CUTLASS heuristic[, splits
 # [, swizzle]]); "auto" is the dispatcher's own choice. For the small-M kernel ("stream_*") `splits`
-# is its cluster split of K. Swizzle 1 unless given.
+# is its cluster size and `swizzle` its tiles per CTA before the cluster's shared one; -1 there
+# means the kernel's own choice. Swizzle 1 unless given. Labels streamR/cCwW (R = 64 or 128 rows,
+# C CTAs per cluster, W tiles per CTA before the shared one) may be asked for with --only.
 # The wave-fit tiles: 128 token rows, so timed from M = 65 on.
 WAVE_FIT = {
     "coop128x96/dp": ("128x96x128_coop", 0),
@@ -65,11 +68,29 @@ SMALL_M = {
     "coop128x128/heur": ("128x128x128_coop", 3),
     "coop128x128/streamk": ("128x128x128_coop", 2),
     **WAVE_FIT,
-    "stream64/s1": ("stream_64", 0, 1),
-    "stream64/s2": ("stream_64", 0, 2),
-    "stream128/s1": ("stream_128", 0, 1),
-    "stream128/s2": ("stream_128", 0, 2),
+    "stream64/s1": ("stream_64", 0, 1, -1),
+    "stream64/s2": ("stream_64", 0, 2, -1),
+    "stream128/s1": ("stream_128", 0, 1, -1),
+    "stream128/s2": ("stream_128", 0, 2, -1),
+    "stream64/auto": ("stream_64", 0, -1, -1),
 }
+# Named for --only: the swapped ping-pong configs of the narrower token tiles.
+NARROW = {
+    "swap64x16/dp": ("swap_64x16x128_ping", 0),
+    "swap64x32/dp": ("swap_64x32x128_ping", 0),
+}
+STREAM_LABEL = re.compile(r"stream(64|128)/c(\d+)w(\d+)")
+
+
+def candidate(label: str):
+    """The candidate a label names: one of the tables above, or a streamR/cCwW plan."""
+    for table in (SMALL_M, LARGE_M, HUGE_M, NARROW):
+        if label in table:
+            return table[label]
+    m = STREAM_LABEL.fullmatch(label)
+    if not m:
+        sys.exit(f"unknown candidate {label!r}")
+    return (f"stream_{m[1]}", 0, int(m[2]), int(m[3]))
 
 
 def candidates(M: int) -> dict:
@@ -107,6 +128,8 @@ def main():
     ap.add_argument("--ms", default="64,128,256,512,1024,2048")
     ap.add_argument("--shapes", default="", help="N:K,N:K,... (default: the issue-3 list)")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--only", default="", help="label,label,... to time instead of the default candidates "
+                    "(auto and cuBLASLt tensorwise are always timed)")
     args = ap.parse_args()
     if native.load() is None:
         sys.exit(f"native library unavailable: {native.load_error()}")
@@ -116,7 +139,11 @@ def main():
         prob = Problem(N, K, want_bf16=False)
         for M in ms:
             inputs = prob.inputs(M)
-            cands = dict(candidates(M), tensorwise="tensorwise")
+            if args.only:
+                cands = {"auto": None, **{label: candidate(label) for label in args.only.split(",")}}
+            else:
+                cands = candidates(M)
+            cands["tensorwise"] = "tensorwise"
             med = interleaved({label: partial(time_candidate, prob, M, inputs, cand)
                                for label, cand in cands.items()}, args.rounds)
             best = min((us, label) for label, us in med.items() if label != "tensorwise")

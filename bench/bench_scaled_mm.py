@@ -210,7 +210,7 @@ def run_tune(shapes, ms, configs: tuple = ()) -> list:
                 if stream:
                     if M > 128:
                         continue
-                    variants = [(f"s{sp}", 1, sp, 1) for sp in (1, 2, 4)]
+                    variants = [(f"s{sp}", 1, sp, -1) for sp in (1, 2, 4)]
                 elif (swap and M > 256) or (not swap and M < 64):
                     continue
                 else:

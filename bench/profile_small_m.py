@@ -87,7 +87,7 @@ def main() -> None:
         return
     points = [tuple(int(v) for v in p.split(":")) for p in args.points.split(",")] if args.points else POINTS
     if args.config >= 0:
-        native.override(args.config, 1 if args.splits > 0 else 0, args.splits, 1)
+        native.override(args.config, 1 if args.splits > 0 else 0, args.splits, -1)
     g = torch.Generator(device="cuda")
     g.manual_seed(0)
     one = torch.ones((), device="cuda")

@@ -350,6 +350,8 @@ def auto_config(M: int, N: int, K: int, a_dtype: torch.dtype = torch.float8_e4m3
 def override(config: int = -1, decomposition: int = -1, splits: int = -1, swizzle: int = -1) -> None:
     """Tuning/tests: force a config / decomposition (0 DP, 1 split-K, 2 stream-K, 3 heuristic) / split
     count / tile swizzle for this thread's later scaled_mm calls; override() restores the automatic
-    choice. The SM90 small-M configs ("stream_*") read `splits` as their cluster split of K."""
+    choice. The SM90 small-M configs ("stream_*") read `splits` as their cluster size (its CTAs split
+    the K range of the cluster's last tile; < 1: the kernel's own plan) and `swizzle` as the tiles
+    each CTA streams alone before that one (< 0: none)."""
     _need().qb_scaled_mm_override(int(config), int(decomposition), int(splits), int(swizzle))
     _ws_need.clear()

@@ -32,9 +32,12 @@ def test_sm90_configs_are_listed_once_each():
 # (M, N, K) -> (config, decomposition, splits, swizzle) of the automatic choice on 132 SMs, as
 # fp8_sm90_dispatch.cu and docs/performance.md describe it. None: not checked.
 SM90_AUTO = [
-    ((1, 4096, 4096), ("stream_64", 0, 1, 1)),         # the small-M kernel, 64-row tiles
-    ((1, 10240, 8192), ("stream_128", 0, 1, 1)),       # 160 tiles of 64 rows > 132 SMs: 128-row tiles
-    ((16, 4096, 14336), ("stream_64", 0, 2, 1)),       # few tiles and long K: a cluster of 2 splits K
+    # the small-M kernel: config, 0, CTAs per cluster, tiles per CTA before the cluster's shared one
+    ((1, 4096, 4096), ("stream_64", 0, 1, 0)),         # 64-row tiles, one per CTA
+    ((1, 10240, 8192), ("stream_128", 0, 1, 0)),       # 160 tiles of 64 rows > 132 SMs: 128-row tiles
+    ((16, 28672, 4096), ("stream_64", 0, 1, 3)),       # 448 and 224 tiles: 4 tiles of 64 rows per CTA
+    ((16, 4096, 14336), ("stream_64", 0, 2, 0)),       # few tiles and long K: a cluster of 2 splits K
+    ((1, 57344, 8192), ("swap_64x16x128_ping", 0, None, None)),  # over 4 tiles per SM: CUTLASS
     ((64, 10240, 8192), ("swap_64x64x128_ping", 0, None, None)),   # no wave fit at M <= 64
     ((128, 4096, 4096), ("swap_64x128x128_ping", 0, None, None)),
     ((128, 10240, 8192), ("128x96x128_coop", 0, None, 1)),        # wave fit: 107 tiles, one wave
@@ -72,7 +75,11 @@ def test_sm90_automatic_choice_is_a_listed_config_everywhere():
             for N, K in ((16, 16), (2064, 1040), (4096, 14336), (6144, 4096), (10240, 8192), (57344, 8192)):
                 got = native.auto_config(M, N, K, sm_count=sms)
                 assert got["config"] in names, (M, N, K, sms, got)
-                assert got["decomposition"] in (0, 1, 2, 3) and got["swizzle"] in (1, 2, 4, 8), got
+                assert got["decomposition"] in (0, 1, 2, 3), got
+                if got["config"].startswith("stream"):  # swizzle: tiles per CTA before the shared one
+                    assert 0 <= got["swizzle"] < 4 and 1 <= got["splits"] <= 2, (M, N, K, sms, got)
+                else:
+                    assert got["swizzle"] in (1, 2, 4, 8), got
                 if got["config"] in ("128x96x128_coop", "128x192x128_coop"):
                     assert 64 < M <= 512, (M, N, K, sms, got)
 

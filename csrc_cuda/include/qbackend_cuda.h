@@ -98,8 +98,10 @@ int qb_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_t ldb, void
  * thread's later scaled_mm calls, a config (-1: automatic), a work decomposition for stream-K
  * capable configs (-1 automatic, 0 data-parallel, 1 split-K, 2 stream-K, 3 CUTLASS heuristic), a
  * split-K factor (used with decomposition 1) and a tile swizzle (SM90: 1, 2, 4 or 8). The SM90
- * small-M configs (names "stream_*") take the split factor as their cluster split of K (1 to 8,
- * whatever the decomposition) and ignore the swizzle.
+ * small-M configs (names "stream_*") take the split factor as their cluster size (1 to 8, whatever
+ * the decomposition: the CTAs of a cluster split the K range of its last tile) and the swizzle as
+ * the tiles each CTA streams alone before that shared one (< 0: none); a split factor < 1 gives
+ * them their own automatic plan.
  * qb_scaled_mm_override(-1, -1, -1, -1) restores the automatic choice. A forced config that cannot
  * run a problem fails with QB_ERR_UNSUPPORTED. */
 int qb_scaled_mm_config_count(int a_dtype, int variant);
@@ -108,8 +110,8 @@ void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzl
 
 /* Which config the automatic choice runs for an M x N x K problem on a GPU with sm_count
  * multiprocessors, without a GPU: the config id (see qb_scaled_mm_config_name) and its
- * decomposition, split count (for the small-M configs: the cluster split of K) and swizzle, as
- * qb_scaled_mm_override would take them. Stream-K needs the caller's workspace; without one the same
+ * decomposition, split count and swizzle (for the small-M configs: the cluster size and the tiles
+ * per CTA before the shared one), as qb_scaled_mm_override would take them. Stream-K needs the caller's workspace; without one the same
  * config runs data-parallel. Only the sm90 FP8 family (variant 90) answers; others return
  * QB_ERR_UNSUPPORTED. Returns QB_OK or an error code with a message in err. */
 int qb_scaled_mm_auto_config(int64_t M, int64_t N, int64_t K, int a_dtype, int variant, int sm_count, int* config,

@@ -130,14 +130,15 @@ Plan make_plan(const ScaledMmArgs& a) {
 }  // namespace sm90
 
 namespace {
-// The small-M plan this call runs, if it runs the small-M kernel: forced as a config (its split
-// count then comes from the override's `splits`), or chosen automatically. Configs past the last
-// one run nothing here (sm90_fp8_scaled_mm reports them).
+// The small-M plan this call runs, if it runs the small-M kernel: forced as a config (its cluster
+// size then comes from the override's `splits` and its tiles per CTA before the shared one from
+// `swizzle`), or chosen automatically. Configs past the last one run nothing here
+// (sm90_fp8_scaled_mm reports them).
 bool small_m_plan(const ScaledMmArgs& a, sm90::SmallMPlan* plan) {
   const int forced = a.config - sm90::kNumConfigs;
   if (forced >= sm90::kSmallMConfigs) return false;
   if (forced >= 0) {
-    *plan = sm90::small_m_forced_plan(a, sm90::kSmallMRows[forced], a.splits);
+    *plan = sm90::small_m_forced_plan(a, sm90::kSmallMRows[forced], a.splits, a.swizzle);
     return true;
   }
   return a.config < 0 && sm90::small_m_auto_plan(a, plan);
@@ -175,8 +176,8 @@ int sm90_fp8_auto_config(const ScaledMmArgs& a, int* decomposition, int* splits,
   sm90::SmallMPlan small;
   if (sm90::small_m_auto_plan(q, &small)) {
     *decomposition = 0;
-    *splits = small.splits;  // the cluster split of K
-    *swizzle = 1;
+    *splits = small.splits;  // CTAs per cluster
+    *swizzle = small.whole;  // tiles per CTA before the cluster's shared one
     for (int i = 0; i < sm90::kSmallMConfigs; ++i)
       if (sm90::kSmallMRows[i] == small.rows) return sm90::kNumConfigs + i;
     return -1;

@@ -15,6 +15,12 @@
 //   a cluster each stream one part of K and add up their fp32 partial sums through distributed
 //   shared memory: no workspace, no counters, no second kernel, and a fixed summation order, so
 //   results do not vary from run to run.
+// - Several tiles per CTA. When there are more row tiles than SMs, a CTA streams `whole` tiles of
+//   its own through the same ring before its part of the cluster's last, shared tile: the next
+//   tile's loads start while the last one's are still being multiplied, where a second wave of CTAs
+//   would start from an empty ring. A cluster of C CTAs covers C * whole + 1 tiles; the automatic
+//   plans use C = 1 here (the shared tile is then simply the CTA's last), since clusters that split
+//   the last tile to even out the SMs' shares measured slower.
 //
 // Warps 0-3 form the consumer warpgroup (wgmma m64nTk32 with the weight tile as the A operand and
 // the token tile as B, both K-major in 128-byte-swizzled shared memory written by TMA); one thread
@@ -24,6 +30,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <utility>
 
 #include <cooperative_groups.h>
@@ -67,6 +74,8 @@ struct Params {
   const void* bias;
   int M, N;
   int k_tiles;
+  int row_tiles;
+  int whole;  // tiles each CTA streams alone before the cluster's shared tile
   int stages;
   int scale_a_per_row, scale_b_per_col;
 };
@@ -123,9 +132,20 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
   uint8_t* ring = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);  // swizzled tiles need 1024 B alignment
 
   const int rank = blockIdx.x, splits = gridDim.x;  // the cluster spans gridDim.x
-  const int row_tile = blockIdx.y, tok_tile = blockIdx.z;
+  const int tok_tile = blockIdx.z;
+  // This CTA's segments: its own tiles (all of K), then its share of K of the cluster's shared tile.
+  // A tile past the end is skipped; the shared tile is the cluster's last, so when it is past the
+  // end, every CTA of the cluster agrees and the reduction is skipped too.
+  const int first_tile = blockIdx.y * (splits * p.whole + 1);
+  const int own_first = first_tile + rank * p.whole, shared_tile = first_tile + splits * p.whole;
+  const int own = max(0, min(p.whole, p.row_tiles - own_first));
+  const bool shared_valid = shared_tile < p.row_tiles;
+  const int segments = own + (shared_valid ? 1 : 0);
   const int kt0 = int(int64_t(rank) * p.k_tiles / splits);
   const int nk = int(int64_t(rank + 1) * p.k_tiles / splits) - kt0;
+  auto seg_tile = [&](int s) { return s < own ? own_first + s : shared_tile; };
+  auto seg_k0 = [&](int s) { return s < own ? 0 : kt0; };
+  auto seg_nk = [&](int s) { return s < own ? p.k_tiles : nk; };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
@@ -141,31 +161,46 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
   const int c0 = 2 * (lane % 4);              // and its first token column in each 8-column group
   const bool consumer = warp < 4;
   float acc[kBlocks][kAcc];
-  float sa[TOK / 8][2], sb[kBlocks][2], bias[kBlocks][2];  // epilogue operands, loaded during the main loop
+  // Epilogue operands, loaded before each main loop (zeroed here only so that `store` may capture them).
+  float sa[TOK / 8][2] = {}, sb[kBlocks][2] = {}, bias[kBlocks][2] = {};
+  // out[m, n] = scale_a[m] scale_b[n] acc + bias[n] for accumulator j of block b (wgmma layout) of
+  // row tile `tile`, with sb and bias loaded for that tile.
+  auto store = [&](int tile, int b, int j, float v) {
+    const int c = j / 4, h = (j / 2) % 2, e = j % 2;
+    const int n = tile * ROWS + 64 * b + r0 + 8 * h;
+    const int m = tok_tile * TOK + 8 * c + c0 + e;
+    if (n < p.N && m < p.M)
+      static_cast<OutT*>(p.out)[int64_t(m) * p.ldo + n] = from_f32<OutT>(fmaf(sa[c][e] * sb[b][h], v, bias[b][h]));
+  };
   if (!consumer) {
     if (lane == 0) {
       cute::prefetch_tma_descriptor(&p.w_map);
       cute::prefetch_tma_descriptor(&p.a_map);
-      const int pf = nk < kPrefetchTiles ? nk : kPrefetchTiles;
-      for (int t = 0; t < pf; ++t)
-        cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.w_map, (kt0 + t) * kTileK, row_tile * ROWS);
+      if (segments > 0) {
+        const int pf = seg_nk(0) < kPrefetchTiles ? seg_nk(0) : kPrefetchTiles;
+        for (int t = 0; t < pf; ++t)
+          cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.w_map, (seg_k0(0) + t) * kTileK, seg_tile(0) * ROWS);
+      }
       asm volatile("griddepcontrol.wait;" ::: "memory");
       // Only now may the next kernel start: one kernel ahead at most, never a chain of waiting grids.
       asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
       int stage = 0;
       uint32_t phase = 1;  // a fresh barrier counts its preceding phase as complete: the ring starts empty
-      for (int t = 0; t < nk; ++t) {
-        ClusterBarrier::wait(&empty[stage], phase);
-        ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], kStageBytes);
-        uint8_t* dst = ring + stage * kStageBytes;
-        const int k = (kt0 + t) * kTileK;
-        cute::SM90_TMA_LOAD_2D::copy(&p.w_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST), dst,
-                                     k, row_tile * ROWS);
-        cute::SM90_TMA_LOAD_2D::copy(&p.a_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST),
-                                     dst + kWBytes, k, tok_tile * TOK);
-        if (++stage == p.stages) {
-          stage = 0;
-          phase ^= 1;
+      for (int s = 0; s < segments; ++s) {
+        const int row = seg_tile(s) * ROWS, k0 = seg_k0(s), n = seg_nk(s);
+        for (int t = 0; t < n; ++t) {
+          ClusterBarrier::wait(&empty[stage], phase);
+          ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], kStageBytes);
+          uint8_t* dst = ring + stage * kStageBytes;
+          const int k = (k0 + t) * kTileK;
+          cute::SM90_TMA_LOAD_2D::copy(&p.w_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST), dst,
+                                       k, row);
+          cute::SM90_TMA_LOAD_2D::copy(&p.a_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST),
+                                       dst + kWBytes, k, tok_tile * TOK);
+          if (++stage == p.stages) {
+            stage = 0;
+            phase ^= 1;
+          }
         }
       }
     }
@@ -181,68 +216,62 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
         sa[c][e] = m < p.M ? p.scale_a[p.scale_a_per_row ? m : 0] : 0.f;
       }
     }
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int n = row_tile * ROWS + 64 * b + r0 + 8 * h;
-        sb[b][h] = n < p.N ? p.scale_b[p.scale_b_per_col ? n : 0] : 0.f;
-        bias[b][h] = n < p.N && p.bias ? to_f32(static_cast<const OutT*>(p.bias)[n]) : 0.f;
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-#pragma unroll
-      for (int j = 0; j < kAcc; ++j) acc[b][j] = 0.f;
-      fence_regs(acc[b]);
-    }
     const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-    int stage = 0, held = -1;
+    int stage = 0;
     uint32_t phase = 0;
-    for (int t = 0; t < nk; ++t) {
-      ClusterBarrier::wait(&full[stage], phase);
-      cute::warpgroup_arrive();
-      const uint32_t w = ring_addr + stage * kStageBytes, x = w + kWBytes;
-#pragma unroll
-      for (int kk = 0; kk < kTileK / 32; ++kk) {
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b)
-          gmma<TOK>(smem_desc(w + b * 64 * kTileK + kk * 32), smem_desc(x + kk * 32), acc[b],
-                    std::make_index_sequence<kAcc>{});
-      }
-      cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<1>();  // the previous tile's wgmmas are done: its stage may be refilled
-      if (held >= 0 && lane == 0) ClusterBarrier::arrive(&empty[held]);
-      held = stage;
-      if (++stage == p.stages) {
-        stage = 0;
-        phase ^= 1;
-      }
-    }
-    cute::warpgroup_wait<0>();
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) fence_regs(acc[b]);
-  }
-
-  // out[m, n] = scale_a[m] scale_b[n] acc + bias[n] for accumulator j of block b (wgmma layout).
-  auto store = [&](int b, int j, float v) {
-    const int c = j / 4, h = (j / 2) % 2, e = j % 2;
-    const int n = row_tile * ROWS + 64 * b + r0 + 8 * h;
-    const int m = tok_tile * TOK + 8 * c + c0 + e;
-    if (n < p.N && m < p.M)
-      static_cast<OutT*>(p.out)[int64_t(m) * p.ldo + n] = from_f32<OutT>(fmaf(sa[c][e] * sb[b][h], v, bias[b][h]));
-  };
-
-  if (splits == 1) {
-    if (consumer) {
+    for (int s = 0; s < segments; ++s) {
+      const int tile = seg_tile(s), n = seg_nk(s);
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
 #pragma unroll
-        for (int j = 0; j < kAcc; ++j) store(b, j, acc[b][j]);
+        for (int h = 0; h < 2; ++h) {
+          const int col = tile * ROWS + 64 * b + r0 + 8 * h;
+          sb[b][h] = col < p.N ? p.scale_b[p.scale_b_per_col ? col : 0] : 0.f;
+          bias[b][h] = col < p.N && p.bias ? to_f32(static_cast<const OutT*>(p.bias)[col]) : 0.f;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) acc[b][j] = 0.f;
+        fence_regs(acc[b]);
+      }
+      int held = -1;
+      for (int t = 0; t < n; ++t) {
+        ClusterBarrier::wait(&full[stage], phase);
+        cute::warpgroup_arrive();
+        const uint32_t w = ring_addr + stage * kStageBytes, x = w + kWBytes;
+#pragma unroll
+        for (int kk = 0; kk < kTileK / 32; ++kk) {
+#pragma unroll
+          for (int b = 0; b < kBlocks; ++b)
+            gmma<TOK>(smem_desc(w + b * 64 * kTileK + kk * 32), smem_desc(x + kk * 32), acc[b],
+                      std::make_index_sequence<kAcc>{});
+        }
+        cute::warpgroup_commit_batch();
+        cute::warpgroup_wait<1>();  // the previous tile's wgmmas are done: its stage may be refilled
+        if (held >= 0 && lane == 0) ClusterBarrier::arrive(&empty[held]);
+        held = stage;
+        if (++stage == p.stages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) fence_regs(acc[b]);
+      // Hand the last stage back before the epilogue, so the next segment's loads are not held up.
+      if (held >= 0 && lane == 0) ClusterBarrier::arrive(&empty[held]);
+      if (s < own || splits == 1) {
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+#pragma unroll
+          for (int j = 0; j < kAcc; ++j) store(tile, b, j, acc[b][j]);
+        }
       }
     }
-    return;
   }
+  if (splits == 1 || !shared_valid) return;
 
   // Split-K: each CTA leaves its partial sums in its own (now idle) ring, one float per thread and
   // accumulator, and reduces a contiguous share of the accumulators by reading the same positions
@@ -278,7 +307,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
     }
 #pragma unroll
     for (int e = 0; e < kEntries; ++e)
-      if (e >= e0 && e < e1) store(e / kAcc, e % kAcc, sum[e]);
+      if (e >= e0 && e < e1) store(shared_tile, e / kAcc, e % kAcc, sum[e]);
   }
   cute::cluster_arrive();  // no CTA leaves while another may still read its shared memory
   cute::cluster_wait();
@@ -297,7 +326,7 @@ int default_stages(int rows, int tokens) {
 
 int token_tile(int64_t M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64; }
 
-SmallMPlan make_plan(const ScaledMmArgs& a, int rows, int splits) {
+SmallMPlan make_plan(const ScaledMmArgs& a, int rows, int splits, int whole) {
   SmallMPlan pl{};
   pl.rows = rows;
   pl.tokens = token_tile(a.M);
@@ -309,7 +338,16 @@ SmallMPlan make_plan(const ScaledMmArgs& a, int rows, int splits) {
   if (splits > kMaxSplits) splits = kMaxSplits;
   if (splits > k_tiles) splits = int(k_tiles);
   pl.splits = splits;
+  pl.whole = whole < 0 ? 0 : int(std::min<int64_t>(whole, pl.row_tiles));
+  pl.clusters = cdiv(pl.row_tiles, int64_t(pl.splits) * pl.whole + 1);
   return pl;
+}
+
+// More row tiles than SMs, one CTA per SM at most: each CTA streams cdiv(tiles, sms) tiles through
+// its ring, one after the other. (Clusters that also share a tile, to even out the last tiles,
+// measured slower on the H200: see small_m_auto_plan.)
+SmallMPlan persistent_plan(const ScaledMmArgs& a, int rows, int sms) {
+  return make_plan(a, rows, 1, int(cdiv(cdiv(a.N, rows), sms)) - 1);
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -351,7 +389,7 @@ int launch(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, const
   cudaError_t e = allow_dynamic_smem(kernel, smem, allowed);
   if (e != cudaSuccess) return err.cuda(e, "sm90 fp8 small-M: raising the shared-memory limit");
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(pl.splits), unsigned(pl.row_tiles), unsigned(pl.token_tiles));
+  cfg.gridDim = dim3(unsigned(pl.splits), unsigned(pl.clusters), unsigned(pl.token_tiles));
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = a.stream;
@@ -401,30 +439,38 @@ int launch_rows(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, 
 //   warpgroups win;
 // - 64-row tiles; but when those would number more than the SMs while 128-row tiles would not
 //   (N = 10240: 160 against 80 tiles), 128-row tiles (22.6 us against 27.1 at M = 1);
+// - when neither fits on the SMs (N = 28672: 448 and 224 tiles), 64-row tiles, each CTA streaming
+//   cdiv(tiles, SMs) of them (112 CTAs of 4 tiles): 30.0 / 30.4 / 31.6 us at M = 1 / 16 / 32 against
+//   30.6 / 30.9 / 31.7 for one tile per CTA, and 31.8 to 38.9 for 2 or 3 tiles per CTA (first
+//   section of bench/results/scaled_mm_ab_h200.log). Clusters that also split a shared tile's K,
+//   for a more even share (2 CTAs over 7 tiles: 3.5 each), took 31.1 / 31.6 / 32.8; at N = 10240,
+//   clusters of 4 over 5 tiles (1.25 tiles per SM) took 25.9 us at M = 1 against 22.5 for the
+//   128-row tiles (its second section);
 // - split K in two when 64-row tiles cover at most half the SMs and K >= 8192 (4096 x 14336:
 //   16.7 us against 18.1 at M = 1); for K = 4096 the reduction costs what the extra SMs gain.
 bool small_m_auto_plan(const ScaledMmArgs& a, SmallMPlan* plan) {
   if (a.M > 32 || (a.M > 16 && a.N <= 4096)) return false;
   const int sms = a.sm_count > 0 ? a.sm_count : 132;
   const int64_t tiles64 = cdiv(a.N, 64), tiles128 = cdiv(a.N, 128);
-  int rows = 64, splits = 1;
-  if (tiles64 > sms && tiles128 <= sms) {
-    rows = 128;
-  } else if (tiles64 > 4 * int64_t(sms)) {
-    return false;
-  } else if (2 * tiles64 <= sms && a.K >= 8192) {
-    splits = 2;
-  }
-  *plan = make_plan(a, rows, splits);
+  if (tiles64 > 4 * int64_t(sms)) return false;
+  if (tiles64 <= sms)
+    *plan = make_plan(a, 64, 2 * tiles64 <= sms && a.K >= 8192 ? 2 : 1, 0);
+  else if (tiles128 <= sms)
+    *plan = make_plan(a, 128, 1, 0);
+  else
+    *plan = persistent_plan(a, 64, sms);
   return true;
 }
 
-SmallMPlan small_m_forced_plan(const ScaledMmArgs& a, int rows, int splits) {
-  return make_plan(a, rows == 128 ? 128 : 64, splits);
+SmallMPlan small_m_forced_plan(const ScaledMmArgs& a, int rows, int splits, int whole) {
+  rows = rows == 128 ? 128 : 64;
+  if (splits >= 1) return make_plan(a, rows, splits, whole);
+  const int sms = a.sm_count > 0 ? a.sm_count : 132;
+  return cdiv(a.N, rows) > sms ? persistent_plan(a, rows, sms) : make_plan(a, rows, 1, 0);
 }
 
 int small_m_run(const ScaledMmArgs& a, const SmallMPlan& pl, const Err& err) {
-  if (pl.row_tiles > 65535 || pl.token_tiles > 65535)
+  if (pl.clusters > 65535 || pl.token_tiles > 65535)
     return err.set(QB_ERR_UNSUPPORTED, "sm90 fp8 small-M: N=%lld and M=%lld need more than 65535 tiles", (long long)a.N,
                    (long long)a.M);
   if (smem_bytes(pl.rows, pl.tokens, pl.stages) > kSmemOptin || pl.stages > kMaxStages || pl.splits < 1)
@@ -441,6 +487,8 @@ int small_m_run(const ScaledMmArgs& a, const SmallMPlan& pl, const Err& err) {
   prm.M = int(a.M);
   prm.N = int(a.N);
   prm.k_tiles = int(cdiv(a.K, kTileK));
+  prm.row_tiles = int(pl.row_tiles);
+  prm.whole = pl.whole;
   prm.stages = pl.stages;
   prm.scale_a_per_row = a.scale_a_per_row;
   prm.scale_b_per_col = a.scale_b_per_col;

@@ -42,14 +42,14 @@ def scaled_mm_part():
             if not native.has_variant("scaled_mm_fp8" if dtype == F8 else "scaled_mm_int8", v):
                 continue
             _scaled_mm_calls(dtype, v, ((1, 4096, 4096), (17, 2064, 1040), (300, 1040, 272)))
-    # The SM90 small-M kernel forced, with and without a cluster split: every token tile, several of
-    # them, rows and K past the ends of the last tiles.
+    # The SM90 small-M kernel forced, with and without a cluster split, with one tile per CTA and with
+    # several: every token tile, several of them, rows and K past the ends of the last tiles.
     if native.has_variant("scaled_mm_fp8", 90):
         names = native.config_names(F8, 90)
         try:
             for name in (n for n in names if n.startswith("stream")):
-                for splits in (1, 3):
-                    native.override(names.index(name), 1, splits, -1)
+                for splits, whole in ((1, -1), (3, -1), (1, 2), (3, 2)):
+                    native.override(names.index(name), 1, splits, whole)
                     _scaled_mm_calls(F8, 90, ((9, 2064, 1040), (40, 528, 16), (70, 1040, 4112)))
             # The wave-fit tiles (96 and 192 channels wide), data-parallel and stream-K, with N not a
             # multiple of either width.

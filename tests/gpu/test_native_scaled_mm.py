@@ -195,20 +195,52 @@ def test_small_m_kernel(name, splits, M, N, K):
 
 
 @pytest.mark.skipif(not SMALL_M_CONFIGS, reason="sm_90a family not built")
+@pytest.mark.parametrize("name", SMALL_M_CONFIGS or ["none"])
+@pytest.mark.parametrize("splits,whole", [(1, 1), (1, 3), (2, 1), (3, 2), (4, 1), (8, 2)])
+@pytest.mark.parametrize("M,N,K", [(1, 2064, 1040), (17, 1040, 4096), (40, 4096, 1040), (64, 528, 16),
+                                   (8, 10240, 8192)])
+def test_small_m_kernel_several_tiles_per_cta(name, splits, whole, M, N, K):
+    """The small-M kernel with `whole` tiles per CTA before the cluster's shared tile (the plans for
+    more tiles than SMs), forced on shapes whose last cluster is cut short (its own tiles or its shared
+    tile past N), and where K is one tile (the split then cut to 1): every tile written, exactly once."""
+    native.override(native.config_names(F8, 90).index(name), 1, splits, whole)
+    try:
+        _run_case(M, N, K, F8, 90)
+    finally:
+        native.override()
+
+
+@pytest.mark.skipif(not SMALL_M_CONFIGS, reason="sm_90a family not built")
+@pytest.mark.parametrize("M,N,K", [(1, 10240, 8192), (16, 28672, 4096), (32, 57344, 1024)])
+def test_small_m_automatic_plans_for_many_tiles(M, N, K):
+    """The automatic choice where 64-row tiles outnumber the SMs (several tiles per CTA), and the small-M
+    configs forced with splits < 1 (their own automatic split and tiles per CTA)."""
+    _run_case(M, N, K, F8, 90)
+    for name in SMALL_M_CONFIGS:
+        native.override(native.config_names(F8, 90).index(name), 1, -1, -1)
+        try:
+            _run_case(M, N, K, F8, 90)
+        finally:
+            native.override()
+
+
+@pytest.mark.skipif(not SMALL_M_CONFIGS, reason="sm_90a family not built")
 def test_small_m_split_k_is_deterministic():
     """Partial sums of a cluster are added in a fixed order: repeated calls agree bit for bit."""
     M, N, K = 16, 4096, 14336
     g = _gen()
     a, b = _operands(M, N, K, F8, g)
     sa, sb = _scales(M, N, g)[3]
-    native.override(native.config_names(F8, 90).index(SMALL_M_CONFIGS[0]), 1, 8, -1)
-    try:
-        outs = [native.scaled_mm(a, b, sa, sb, None, torch.empty(M, N, device=DEV, dtype=torch.bfloat16))
-                for _ in range(5)]
-    finally:
-        native.override()
-    for o in outs[1:]:
-        assert torch.equal(o.view(torch.int16), outs[0].view(torch.int16))
+    outs = []
+    for splits, whole in [(8, -1), (4, 1), (3, 2)]:
+        native.override(native.config_names(F8, 90).index(SMALL_M_CONFIGS[0]), 1, splits, whole)
+        try:
+            outs = [native.scaled_mm(a, b, sa, sb, None, torch.empty(M, N, device=DEV, dtype=torch.bfloat16))
+                    for _ in range(5)]
+        finally:
+            native.override()
+        for o in outs[1:]:
+            assert torch.equal(o.view(torch.int16), outs[0].view(torch.int16)), (splits, whole)
 
 
 @pytest.mark.parametrize("variant", FP8_VARIANTS)
