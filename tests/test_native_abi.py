@@ -47,10 +47,11 @@ SM90_AUTO = [
     ((512, 10240, 8192), ("128x128x128_ping_c2x1", 0, None, None)),
     ((512, 6144, 4096), ("128x192x128_coop", 0, None, 1)),        # 96 and 192 fill equally: the wider
     ((512, 8192, 8192), ("128x128x128_ping_c2x1", 0, None, None)),  # 256 tiles: two full waves already
-    ((2048, 57344, 8192), ("128x128x128_ping_c2x1", 0, None, None)),  # stream-K only from M = 4096
-    ((4096, 8192, 8192), ("128x256x128_coop_c2x1", 2, None, 8)),
-    ((16384, 28672, 4096), ("128x256x128_coop_c2x1", 2, None, 8)),  # M N K >= 2^39
-    ((8192, 6144, 4096), ("128x128x128_ping_c2x1", 0, None, None)),
+    ((2048, 57344, 8192), ("128x128x128_ping_c2x1", 0, None, 1)),   # swizzle 8 only from M = 4096
+    ((8192, 8192, 8192), ("128x256x128_coop_c2x1", 2, None, 8)),   # stream-K: M >= 8192, K >= 8192
+    ((4096, 8192, 8192), ("128x128x128_ping_c2x1", 0, None, 8)),    # M = 4096: ping-pong, swizzle 8
+    ((16384, 28672, 4096), ("128x128x128_ping_c2x1", 0, None, 8)),  # K = 4096: ping-pong, swizzle 8
+    ((8192, 6144, 4096), ("128x128x128_ping_c2x1", 0, None, 1)),    # N < 8192: swizzle 1
 ]
 
 

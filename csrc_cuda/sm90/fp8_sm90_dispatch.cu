@@ -48,13 +48,24 @@ double wave_efficiency(int64_t tiles, int sms) {
 //   larger    128x128 ping-pong (cluster 2x1). A ragged last wave does not call for stream-K here:
 //             at 512x6144x4096 (192 tiles, last wave 45 % full) 128x128 stream-K took 31.4 us, the
 //             other candidates 27.4 to 28.0 (bench/ab_configs.py: interleaved rounds, median of 3).
-//   M >= 4096 with K >= 8192 or M N K >= 2^39: 128x256 cooperative, swizzle 8, stream-K. Its hybrid
-//             schedule runs the full waves data-parallel and splits only the last wave's tiles along
-//             K. Against the same config under CUTLASS's heuristic (which stays data-parallel here)
-//             it was faster at 15 of the 16 issue-3 shapes' points with M = 4096 and 8192, by up to
-//             9 %; at the 10 points with K >= 8192 it was the fastest candidate 7 times and within
-//             1.3 % of it otherwise. Below M = 4096 it is not used: at M = 2048, N = 57344, K = 8192
-//             128x128 ping-pong took 1495 us, this config under the heuristic 1585.
+//   M >= 8192 with K >= 8192: 128x256 cooperative, swizzle 8, stream-K. Its hybrid schedule runs
+//             the full waves data-parallel and splits only the last wave's tiles along K. Against
+//             the same config under CUTLASS's heuristic (which stays data-parallel here) it was
+//             faster at 15 of the 16 issue-3 shapes' points with M = 4096 and 8192, by up to 9 %; at
+//             M = 8192 it (or the same with swizzle 1) was the fastest candidate at all 5 shapes with
+//             K >= 8192, 1 to 8 % ahead of the fastest 128x128 ping-pong. Below M = 8192 it is not
+//             used: at M = 4096 the ping-pong tiles of the next rule were as fast or faster at 4 of
+//             those 5 shapes (by up to 3.6 %: 390.7 against 405.4 us at N = 4096, K = 14336), and at
+//             M = 2048, N = 57344, K = 8192 ping-pong took 1495 us, this config under the heuristic
+//             1585. Nor at K = 4096: at M = 8192,
+//             N = 28672, ping-pong with swizzle 8 took 1492.9 us against 1585.1 (and 3241 against
+//             3192 at M = 16384, within the A/B's spread).
+//   M >= 4096, N >= 8192 otherwise: 128x128 ping-pong with swizzle 8 (groups of 8 tiles share their
+//             A and B tiles in L2): of swizzles 1, 4 and 8 the fastest at 4 of the 5 shapes with
+//             N >= 8192 at M = 4096 (28672 x 4096: swizzle 4, 3 % ahead), and at N = 28672, K = 4096,
+//             M = 8192 and 16384. Narrower N keeps swizzle 1 (swizzle 8 was up to 6 % slower at
+//             N = 6144).
+//             (bench/results/scaled_mm_ab_h200.log, the large-M section at its top.)
 //   Wave fit, 64 < M <= 512: the configs above use tiles 64 (swapped, M <= 128) or 128 channels wide.
 //             Where those leave the last wave ragged (N = 10240 at M = 128: 160 tiles of 64 rows for
 //             132 SMs, so the busiest SMs stream two tiles while most stream one), 128-token tiles 96
@@ -100,12 +111,13 @@ Plan pick_plan(const ScaledMmArgs& a) {
     } else {
       p.config = 7;
     }
-  } else if (a.M >= 4096 && (a.K >= 8192 || double(a.M) * double(a.N) * double(a.K) >= 0x1p39)) {
+  } else if (a.M >= 8192 && a.K >= 8192) {
     p.config = 6;
     p.opts.decomp = Decomp::StreamK;
     p.opts.swizzle = 8;
   } else {
     p.config = 7;
+    if (a.M >= 4096 && a.N >= 8192) p.opts.swizzle = 8;
   }
   return p;
 }
