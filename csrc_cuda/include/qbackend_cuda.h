@@ -111,8 +111,8 @@ void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzl
 /* Which config the automatic choice runs for an M x N x K problem on a GPU with sm_count
  * multiprocessors, without a GPU: the config id (see qb_scaled_mm_config_name) and its
  * decomposition, split count and swizzle (for the small-M configs: the cluster size and the tiles
- * per CTA before the shared one), as qb_scaled_mm_override would take them. Stream-K needs the caller's workspace; without one the same
- * config runs data-parallel. Only the sm90 FP8 family (variant 90) answers; others return
+ * per CTA before the shared one), as qb_scaled_mm_override would take them. Stream-K needs the
+ * caller's workspace; without one the same config runs data-parallel. Only the sm90 FP8 family (variant 90) answers; others return
  * QB_ERR_UNSUPPORTED. Returns QB_OK or an error code with a message in err. */
 int qb_scaled_mm_auto_config(int64_t M, int64_t N, int64_t K, int a_dtype, int variant, int sm_count, int* config,
                              int* decomposition, int* splits, int* swizzle, char* err, size_t err_len);

@@ -57,9 +57,8 @@ double wave_efficiency(int64_t tiles, int sms) {
 //             used: at M = 4096 the ping-pong tiles of the next rule were as fast or faster at 4 of
 //             those 5 shapes (by up to 3.6 %: 390.7 against 405.4 us at N = 4096, K = 14336), and at
 //             M = 2048, N = 57344, K = 8192 ping-pong took 1495 us, this config under the heuristic
-//             1585. Nor at K = 4096: at M = 8192,
-//             N = 28672, ping-pong with swizzle 8 took 1492.9 us against 1585.1 (and 3241 against
-//             3192 at M = 16384, within the A/B's spread).
+//             1585. Nor at K = 4096: at M = 8192, N = 28672, ping-pong with swizzle 8 took 1492.9 us
+//             against 1585.1 (and 3241 against 3192 at M = 16384, within the A/B's spread).
 //   M >= 4096, N >= 8192 otherwise: 128x128 ping-pong with swizzle 8 (groups of 8 tiles share their
 //             A and B tiles in L2): of swizzles 1, 4 and 8 the fastest at 4 of the 5 shapes with
 //             N >= 8192 at M = 4096 (28672 x 4096: swizzle 4, 3 % ahead), and at N = 28672, K = 4096,
