@@ -32,11 +32,16 @@ from timing import graph_time, interleaved  # noqa: E402  (one timing method for
 # is its cluster size and `swizzle` its tiles per CTA before the cluster's shared one; -1 there
 # means the kernel's own choice. Swizzle 1 unless given. Labels streamR/cCwW (R = 64 or 128 rows,
 # C CTAs per cluster, W tiles per CTA before the shared one) may be asked for with --only.
-# The wave-fit tiles: 128 token rows, so timed from M = 65 on.
+# The wave-fit tiles: 128 token rows, so timed from M = 65 on (the 160-wide ones pair two token tiles
+# in a cluster, so from M = 129).
 WAVE_FIT = {
     "coop128x96/dp": ("128x96x128_coop", 0),
     "coop128x192/dp": ("128x192x128_coop", 0),
+    "coop128x224/dp": ("128x224x128_coop", 0),
+    "ping128x160/dp": ("128x160x128_ping_c2x1", 0),
 }
+# Tokens on the tile's 64-row side, 80 channels wide: for 32 < M <= 64.
+ONE_TOKEN_TILE = {"ping64x80/dp": ("64x80x128_ping", 0)}
 LARGE_M = {
     "auto": None,
     "ping128x128/dp": ("128x128x128_ping_c2x1", 0),
@@ -68,6 +73,7 @@ SMALL_M = {
     "coop128x128/heur": ("128x128x128_coop", 3),
     "coop128x128/streamk": ("128x128x128_coop", 2),
     **WAVE_FIT,
+    **ONE_TOKEN_TILE,
     "stream64/s1": ("stream_64", 0, 1, -1),
     "stream64/s2": ("stream_64", 0, 2, -1),
     "stream128/s1": ("stream_128", 0, 1, -1),
@@ -100,8 +106,10 @@ def candidates(M: int) -> dict:
         def wanted(v):
             if v and v[0].startswith("stream"):
                 return M <= 64  # the small-M kernel takes at most 64 tokens
+            if v in ONE_TOKEN_TILE.values():
+                return 32 < M <= 64
             if v in WAVE_FIT.values():
-                return M > 64
+                return M > 64 and v[0] != "128x160x128_ping_c2x1"
             return True
 
         return {k: v for k, v in SMALL_M.items() if wanted(v)}

@@ -38,16 +38,23 @@ SM90_AUTO = [
     ((16, 28672, 4096), ("stream_64", 0, 1, 3)),       # 448 and 224 tiles: 4 tiles of 64 rows per CTA
     ((16, 4096, 14336), ("stream_64", 0, 2, 0)),       # few tiles and long K: a cluster of 2 splits K
     ((1, 57344, 8192), ("swap_64x16x128_ping", 0, None, None)),  # over 4 tiles per SM: CUTLASS
-    ((64, 10240, 8192), ("swap_64x64x128_ping", 0, None, None)),   # no wave fit at M <= 64
+    ((64, 10240, 8192), ("64x80x128_ping", 0, None, 1)),   # 128 tiles of 80: one wave; 160 of 64: two
+    ((64, 8192, 8192), ("swap_64x64x128_ping", 0, None, None)),   # 80 wide fills worse
     ((128, 4096, 4096), ("swap_64x128x128_ping", 0, None, None)),
     ((128, 10240, 8192), ("128x96x128_coop", 0, None, 1)),        # wave fit: 107 tiles, one wave
+    ((128, 57344, 8192), ("128x224x128_coop", 0, None, 1)),       # equal fill: tokens read 3.5x less
+    ((128, 8192, 8192), ("swap_64x128x128_ping", 0, None, None)),  # 224 wide fills worse
     ((256, 6144, 4096), ("128x96x128_coop", 0, None, 1)),
-    ((256, 10240, 8192), ("128x192x128_coop", 0, None, 1)),       # equal fill: the wider tile
+    ((256, 10240, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),  # 128 tiles of 160: one wave
+    ((256, 57344, 8192), ("128x128x128_ping_c2x1", 0, None, 1)),   # 160 wide fills worse
     ((256, 4096, 4096), ("swap_128x64x128_coop", 0, None, 1)),
-    ((512, 10240, 8192), ("128x128x128_ping_c2x1", 0, None, None)),
+    ((512, 10240, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),  # two waves of 160 against three
+    ((1024, 10240, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),  # equal fill: the wider tile
+    ((2048, 8192, 8192), ("128x128x128_ping_c2x1", 0, None, 1)),
+    ((4096, 10240, 8192), ("128x128x128_ping_c2x1", 0, None, 8)),  # no wave fit above M = 2048
     ((512, 6144, 4096), ("128x192x128_coop", 0, None, 1)),        # 96 and 192 fill equally: the wider
     ((512, 8192, 8192), ("128x128x128_ping_c2x1", 0, None, None)),  # 256 tiles: two full waves already
-    ((2048, 57344, 8192), ("128x128x128_ping_c2x1", 0, None, 1)),   # swizzle 8 only from M = 4096
+    ((2048, 57344, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),   # equal fill; swizzle 8 only from 4096
     ((8192, 8192, 8192), ("128x256x128_coop_c2x1", 2, None, 8)),   # stream-K: M >= 8192, K >= 8192
     ((4096, 8192, 8192), ("128x128x128_ping_c2x1", 0, None, 8)),    # M = 4096: ping-pong, swizzle 8
     ((16384, 28672, 4096), ("128x128x128_ping_c2x1", 0, None, 8)),  # K = 4096: ping-pong, swizzle 8
@@ -67,7 +74,7 @@ def test_sm90_automatic_choice_follows_the_dispatch_rules(mnk, want):
 
 def test_sm90_automatic_choice_is_a_listed_config_everywhere():
     """Over a sweep of shapes and SM counts, every answer names a listed config with a valid
-    decomposition, and the wave-fit tiles appear only where the rule allows them (64 < M <= 512)."""
+    decomposition, and the wave-fit tiles appear only where the rule allows them."""
     if not native.has_variant("scaled_mm_fp8", 90):
         pytest.skip("sm_90a family not built")
     names = set(native.config_names(F8, 90))
@@ -83,6 +90,12 @@ def test_sm90_automatic_choice_is_a_listed_config_everywhere():
                     assert got["swizzle"] in (1, 2, 4, 8), got
                 if got["config"] in ("128x96x128_coop", "128x192x128_coop"):
                     assert 64 < M <= 512, (M, N, K, sms, got)
+                if got["config"] == "64x80x128_ping":
+                    assert 32 < M <= 64, (M, N, K, sms, got)
+                if got["config"] == "128x224x128_coop":
+                    assert 64 < M <= 128, (M, N, K, sms, got)
+                if got["config"] == "128x160x128_ping_c2x1":  # its 2x1 clusters pair two token tiles
+                    assert 128 < M <= 2048, (M, N, K, sms, got)
 
 
 def test_auto_config_rejects_bad_requests_with_a_message():

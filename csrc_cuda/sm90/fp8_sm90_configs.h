@@ -11,20 +11,23 @@
 // X(id, name, swap, tile_m, tile_n, tile_k, cluster_m, cluster_n, schedule)
 //   schedule: Coop (cooperative, stream-K scheduler) or Ping (ping-pong, persistent scheduler)
 //   swap: computes out^T = W . A^T, so tile_n covers the tokens (M) and tile_m the channels (N).
-#define QB_SM90_FP8_CONFIGS(X)                                    \
-  X(0, "swap_64x16x128_ping", true, 64, 16, 128, 1, 1, Ping)      \
-  X(1, "swap_64x32x128_ping", true, 64, 32, 128, 1, 1, Ping)      \
-  X(2, "swap_64x64x128_ping", true, 64, 64, 128, 1, 1, Ping)      \
-  X(3, "swap_128x16x128_coop", true, 128, 16, 128, 1, 1, Coop)    \
-  X(4, "swap_128x64x128_coop", true, 128, 64, 128, 1, 1, Coop)    \
-  X(5, "128x128x128_coop", false, 128, 128, 128, 1, 1, Coop)      \
-  X(6, "128x256x128_coop_c2x1", false, 128, 256, 128, 2, 1, Coop) \
-  X(7, "128x128x128_ping_c2x1", false, 128, 128, 128, 2, 1, Ping) \
-  X(8, "256x128x128_coop_c2x1", false, 256, 128, 128, 2, 1, Coop) \
-  X(9, "swap_64x128x128_ping", true, 64, 128, 128, 1, 1, Ping)    \
-  X(10, "swap_64x256x128_ping", true, 64, 256, 128, 1, 1, Ping)   \
-  X(11, "128x96x128_coop", false, 128, 96, 128, 1, 1, Coop)      \
-  X(12, "128x192x128_coop", false, 128, 192, 128, 1, 1, Coop)
+#define QB_SM90_FP8_CONFIGS(X)                                     \
+  X(0, "swap_64x16x128_ping", true, 64, 16, 128, 1, 1, Ping)       \
+  X(1, "swap_64x32x128_ping", true, 64, 32, 128, 1, 1, Ping)       \
+  X(2, "swap_64x64x128_ping", true, 64, 64, 128, 1, 1, Ping)       \
+  X(3, "swap_128x16x128_coop", true, 128, 16, 128, 1, 1, Coop)     \
+  X(4, "swap_128x64x128_coop", true, 128, 64, 128, 1, 1, Coop)     \
+  X(5, "128x128x128_coop", false, 128, 128, 128, 1, 1, Coop)       \
+  X(6, "128x256x128_coop_c2x1", false, 128, 256, 128, 2, 1, Coop)  \
+  X(7, "128x128x128_ping_c2x1", false, 128, 128, 128, 2, 1, Ping)  \
+  X(8, "256x128x128_coop_c2x1", false, 256, 128, 128, 2, 1, Coop)  \
+  X(9, "swap_64x128x128_ping", true, 64, 128, 128, 1, 1, Ping)     \
+  X(10, "swap_64x256x128_ping", true, 64, 256, 128, 1, 1, Ping)    \
+  X(11, "128x96x128_coop", false, 128, 96, 128, 1, 1, Coop)        \
+  X(12, "128x192x128_coop", false, 128, 192, 128, 1, 1, Coop)      \
+  X(13, "128x160x128_ping_c2x1", false, 128, 160, 128, 2, 1, Ping) \
+  X(14, "128x224x128_coop", false, 128, 224, 128, 1, 1, Coop)     \
+  X(15, "64x80x128_ping", false, 64, 80, 128, 1, 1, Ping)
 
 namespace qb::sm90 {
 

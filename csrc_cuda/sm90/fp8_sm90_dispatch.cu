@@ -3,11 +3,9 @@
 // Buckets by M (tuned on the H200, see bench/bench_scaled_mm.py --tune): small M swaps operands so
 // the tokens sit on the tile's narrow N side; large M uses 128x128 ping-pong tiles. Cooperative
 // configs may split K across SMs (stream-K / split-K), which needs the caller's workspace; without
-// one they run data-parallel. Tiles 96 or 192 channels wide fill waves that 64- and 128-wide tiles
+// one they run data-parallel. Tiles 80 to 224 channels wide fill waves that 64- and 128-wide tiles
 // leave ragged (wave_fit_config). Up to 32 tokens, the dispatcher first asks the small-M kernel
 // (fp8_sm90_small_m.cu) for a plan; it is also listed, forcible, as the configs after CUTLASS's.
-#include <algorithm>
-
 #include "fp8_sm90_configs.h"
 #include "fp8_sm90_small_m.h"
 
@@ -64,30 +62,73 @@ double wave_efficiency(int64_t tiles, int sms) {
 //             N >= 8192 at M = 4096 (28672 x 4096: swizzle 4, 3 % ahead), and at N = 28672, K = 4096,
 //             M = 8192 and 16384. Narrower N keeps swizzle 1 (swizzle 8 was up to 6 % slower at
 //             N = 6144).
-//             (bench/results/scaled_mm_ab_h200.log, the large-M section at its top.)
-//   Wave fit, 64 < M <= 512: the configs above use tiles 64 (swapped, M <= 128) or 128 channels wide.
-//             Where those leave the last wave ragged (N = 10240 at M = 128: 160 tiles of 64 rows for
-//             132 SMs, so the busiest SMs stream two tiles while most stream one), 128-token tiles 96
-//             or 192 channels wide can fill one wave or whole waves instead. The slowest SM's load is
-//             (waves x tile width) channel rows; the other width is used when that is at most 80 % of
-//             the default's (a margin for the 96-wide tile's lower arithmetic intensity), the wider
-//             one where both fill equally. A/B on the H200 (bench/results/scaled_mm_ab_h200.log):
-//             M = 128, N = 10240 (96 wide): 28.3 us against 33.5 for the swapped 64x128 tiles;
-//             M = 256, N = 6144 (96): 12.6 against 16.8 for 128x128 ping-pong; N = 10240 (192): 42.5
-//             against 56.0; M = 512, N = 6144 (192): 23.7 against 27.2. Where both widths fill the
-//             waves equally they measured within 10 % of each other (forced: 42.8 and 45.2 us at
-//             M = 256, N = 10240; 22.5 and 24.6 at M = 512, N = 6144). Not at M <= 64: half of the
-//             128-token tile idles there, and in trial runs it was slower than the swapped 64x64
-//             tiles at M = 64, N = 10240. Nor for 128 < M <= 256 with N <= 4096, the bucket the swapped
-//             128x64 tiles were tuned for.
+//             (bench/results/scaled_mm_ab_h200.log, its large-M section.)
+//   Wave fit, 32 < M <= 2048: the configs above use tiles 64 (swapped, M <= 128) or 128 channels
+//             wide. Where those leave the last wave ragged (N = 10240 at M = 128: 160 tiles of 64 rows
+//             for 132 SMs, so the busiest SMs stream two tiles while most stream one), tiles of
+//             another width can fill one wave or whole waves instead. The slowest SM's load is
+//             (waves x tile width) channel rows; a candidate replaces the default when its load is
+//             at most the default's, and the one with the least load is used (the wider at equal
+//             load). The candidates:
+//             - 80 wide with the tokens on the 64-row side, ping-pong (32 < M <= 64, one token
+//               tile): M = 64 / 40, N = 10240: 24.1 / 24.5 us against 27.9 / 28.6 for the swapped
+//               64x64 tiles (cuBLASLt tensorwise 26.0 / 24.3); N = 28672: 33.5 / 34.5 against
+//               34.2 / 35.6. Where it fills worse it is slower (N = 6144: 11.2 against 9.8).
+//             - 96 and 192 wide, cooperative (64 < M <= 512): only at 80 % of the default's load or
+//               less, a margin for the 96-wide tile's lower arithmetic intensity. A/B on the H200
+//               (bench/results/scaled_mm_ab_h200.log): M = 128, N = 10240 (96 wide): 28.3 us against
+//               33.5 for the swapped 64x128 tiles; M = 256, N = 6144 (96): 12.6 against 16.8 for
+//               128x128 ping-pong; M = 512, N = 6144 (192): 23.7 against 27.2. Where both widths fill
+//               the waves equally they measured within 10 % of each other. Not at M <= 64: half of
+//               the 128-token tile idles there, and in trial runs it was slower than the swapped 64x64
+//               tiles at M = 64, N = 10240. Nor for 128 < M <= 256 with N <= 4096, the bucket the
+//               swapped 128x64 tiles were tuned for.
+//             - 160 wide, ping-pong in 2x1 clusters like the default (128 < M <= 2048; its clusters
+//               pair two token tiles, so not at M <= 128). M = 256 / 512, N = 10240: 38.4 / 68.6 us
+//               against 56.3 / 83.9 for 128x128 ping-pong and 43.8 / 87.1 for 128x192 cooperative
+//               (cuBLASLt tensorwise 39.2 / 71.6); M = 256, N = 28672: 55.4 against 61.9; M = 512 and
+//               1024, N = 57344: 375.2 and 759.2 against 409.7 and 784.8. At equal fill (M = 1024,
+//               N = 10240; M = 2048, N = 10240 and 57344) the two were within 2 %. Where 160 fills
+//               worse it is slower (M = 256, N = 57344: 224.6 against 219.6).
+//             - 224 wide, cooperative (64 < M <= 128): one tile row of tokens reads each weight tile
+//               once, like the swapped 64-row default, but reads the tokens once per 224 channels
+//               instead of once per 64. M = 128, N = 57344 (equal fill): 139.7 us against 148.3;
+//               N = 28672: 38.7 against 39.6.
+//             (bench/results/scaled_mm_ab_h200.log, the wave-fit section at its top.)
 int wave_fit_config(const ScaledMmArgs& a, int sms) {
-  if (a.M <= 64 || a.M > 512 || (a.M > 128 && a.M <= 256 && a.N <= 4096)) return -1;
-  const int64_t token_tiles = cdiv(a.M, 128);
-  const int default_width = a.M <= 128 ? 64 : 128;
+  if (a.M <= 32 || a.M > 2048 || (a.M > 128 && a.M <= 256 && a.N <= 4096)) return -1;
+  struct Candidate {
+    int config, width;
+    bool margin;  // must reach 80 % of the default's load
+  };
+  static constexpr Candidate kOneTokenTile[] = {{15, 80, false}};
+  static constexpr Candidate kNarrowM[] = {{11, 96, true}, {12, 192, true}, {14, 224, false}};
+  static constexpr Candidate kMidM[] = {{11, 96, true}, {12, 192, true}, {13, 160, false}};
+  static constexpr Candidate kLargeM[] = {{13, 160, false}};
+  const int64_t token_tiles = cdiv(a.M, a.M <= 64 ? 64 : 128);
   auto load = [&](int width) { return cdiv(token_tiles * cdiv(a.N, width), sms) * width; };
-  const int64_t base = load(default_width), w192 = load(192), w96 = load(96);
-  if (5 * std::min(w192, w96) > 4 * base) return -1;
-  return w192 <= w96 ? 12 : 11;
+  const int64_t base = load(a.M <= 128 ? 64 : 128);
+  int best = -1, best_width = 0;
+  int64_t best_load = 0;
+  auto consider = [&](const Candidate& c) {
+    const int64_t l = load(c.width);
+    if (c.margin ? 5 * l > 4 * base : l > base) return;
+    if (best < 0 || l < best_load || (l == best_load && c.width > best_width)) {
+      best = c.config;
+      best_width = c.width;
+      best_load = l;
+    }
+  };
+  if (a.M <= 64) {
+    for (const Candidate& c : kOneTokenTile) consider(c);
+  } else if (a.M <= 128) {
+    for (const Candidate& c : kNarrowM) consider(c);
+  } else if (a.M <= 512) {
+    for (const Candidate& c : kMidM) consider(c);
+  } else {
+    for (const Candidate& c : kLargeM) consider(c);
+  }
+  return best;
 }
 
 Plan pick_plan(const ScaledMmArgs& a) {

@@ -175,6 +175,24 @@ def test_every_config_and_decomposition(variant):
         native.override()
 
 
+# The wave-fit configs whose tiles are 80, 160 and 224 channels wide (extended wgmma shapes), forced, at
+# shapes where the dispatcher picks them on 132 SMs, with N not a multiple of the tile width and a
+# partial last token tile: every scale combination, bias, both output dtypes, sliced A.
+WIDE_TILES = [("128x160x128_ping_c2x1", 250, 10224, 1040), ("128x160x128_ping_c2x1", 1000, 10240, 1056),
+              ("128x224x128_coop", 100, 28656, 1040), ("64x80x128_ping", 48, 10224, 1040)]
+
+
+@pytest.mark.skipif(90 not in FP8_VARIANTS, reason="sm_90a family not built")
+@pytest.mark.parametrize("name,M,N,K", WIDE_TILES)
+def test_wide_tile_configs(name, M, N, K):
+    assert native.auto_config(M, N, K, sm_count=132)["config"] == name
+    native.override(native.config_names(F8, 90).index(name), 0, 1, 1)
+    try:
+        _run_case(M, N, K, F8, 90)
+    finally:
+        native.override()
+
+
 SMALL_M_CONFIGS = [n for n in native.config_names(F8, 90) if n.startswith("stream")] if 90 in FP8_VARIANTS else []
 
 
