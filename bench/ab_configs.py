@@ -33,13 +33,14 @@ from timing import graph_time, interleaved  # noqa: E402  (one timing method for
 # means the kernel's own choice. Swizzle 1 unless given. Labels streamR/cCwW (R = 64 or 128 rows,
 # C CTAs per cluster, W tiles per CTA before the shared one) may be asked for with --only.
 # The wave-fit tiles: 128 token rows, so timed from M = 65 on (the 160-wide ones pair two token tiles
-# in a cluster, so from M = 129).
+# in a cluster, so from M = 129: WAVE_FIT_FROM_M).
 WAVE_FIT = {
     "coop128x96/dp": ("128x96x128_coop", 0),
     "coop128x192/dp": ("128x192x128_coop", 0),
     "coop128x224/dp": ("128x224x128_coop", 0),
     "ping128x160/dp": ("128x160x128_ping_c2x1", 0),
 }
+WAVE_FIT_FROM_M = {label: 129 if label.startswith("ping") else 65 for label in WAVE_FIT}
 # Tokens on the tile's 64-row side, 80 channels wide: for 32 < M <= 64.
 ONE_TOKEN_TILE = {"ping64x80/dp": ("64x80x128_ping", 0)}
 LARGE_M = {
@@ -48,7 +49,6 @@ LARGE_M = {
     "coop128x128/streamk": ("128x128x128_coop", 2),
     "coop128x256/heur": ("128x256x128_coop_c2x1", 3),
     "coop128x256/streamk": ("128x256x128_coop_c2x1", 2),
-    "coop256x128/heur": ("256x128x128_coop_c2x1", 3),
     **WAVE_FIT,
 }
 # Above M = 2048 the tile rasterization decides how much of A and B neighbouring CTAs share in L2.
@@ -57,8 +57,6 @@ HUGE_M = {
     "ping128x128/dp/sw8": ("128x128x128_ping_c2x1", 0, -1, 8),
     "coop128x256/heur/sw8": ("128x256x128_coop_c2x1", 3, -1, 8),
     "coop128x256/streamk/sw8": ("128x256x128_coop_c2x1", 2, -1, 8),
-    "coop256x128/heur/sw8": ("256x128x128_coop_c2x1", 3, -1, 8),
-    "coop256x128/dp/sw4": ("256x128x128_coop_c2x1", 0, -1, 4),
 }
 SWAPPED = {
     "swap128x64/dp": ("swap_128x64x128_coop", 0),
@@ -103,16 +101,16 @@ def candidates(M: int) -> dict:
     """The configs worth timing at M (the small-M kernel takes at most 64 tokens)."""
     if M <= 128:
 
-        def wanted(v):
+        def wanted(label, v):
             if v and v[0].startswith("stream"):
-                return M <= 64  # the small-M kernel takes at most 64 tokens
-            if v in ONE_TOKEN_TILE.values():
+                return M <= 64
+            if label in ONE_TOKEN_TILE:
                 return 32 < M <= 64
-            if v in WAVE_FIT.values():
-                return M > 64 and v[0] != "128x160x128_ping_c2x1"
+            if label in WAVE_FIT:
+                return M >= WAVE_FIT_FROM_M[label]
             return True
 
-        return {k: v for k, v in SMALL_M.items() if wanted(v)}
+        return {k: v for k, v in SMALL_M.items() if wanted(k, v)}
     if M <= 256:
         return dict(LARGE_M, **SWAPPED)
     return dict(LARGE_M, **HUGE_M) if M > 2048 else dict(LARGE_M)

@@ -9,25 +9,25 @@
 #include "../common/qb_common.h"
 
 // X(id, name, swap, tile_m, tile_n, tile_k, cluster_m, cluster_n, schedule)
+//   id: the enumerator the code names the config by; its position in this list is its number in the
+//       C ABI (qb_*_config_name), so a config is never named by a bare number.
 //   schedule: Coop (cooperative, stream-K scheduler) or Ping (ping-pong, persistent scheduler)
 //   swap: computes out^T = W . A^T, so tile_n covers the tokens (M) and tile_m the channels (N).
-#define QB_SM90_FP8_CONFIGS(X)                                     \
-  X(0, "swap_64x16x128_ping", true, 64, 16, 128, 1, 1, Ping)       \
-  X(1, "swap_64x32x128_ping", true, 64, 32, 128, 1, 1, Ping)       \
-  X(2, "swap_64x64x128_ping", true, 64, 64, 128, 1, 1, Ping)       \
-  X(3, "swap_128x16x128_coop", true, 128, 16, 128, 1, 1, Coop)     \
-  X(4, "swap_128x64x128_coop", true, 128, 64, 128, 1, 1, Coop)     \
-  X(5, "128x128x128_coop", false, 128, 128, 128, 1, 1, Coop)       \
-  X(6, "128x256x128_coop_c2x1", false, 128, 256, 128, 2, 1, Coop)  \
-  X(7, "128x128x128_ping_c2x1", false, 128, 128, 128, 2, 1, Ping)  \
-  X(8, "256x128x128_coop_c2x1", false, 256, 128, 128, 2, 1, Coop)  \
-  X(9, "swap_64x128x128_ping", true, 64, 128, 128, 1, 1, Ping)     \
-  X(10, "swap_64x256x128_ping", true, 64, 256, 128, 1, 1, Ping)    \
-  X(11, "128x96x128_coop", false, 128, 96, 128, 1, 1, Coop)        \
-  X(12, "128x192x128_coop", false, 128, 192, 128, 1, 1, Coop)      \
-  X(13, "128x160x128_ping_c2x1", false, 128, 160, 128, 2, 1, Ping) \
-  X(14, "128x224x128_coop", false, 128, 224, 128, 1, 1, Coop)     \
-  X(15, "64x80x128_ping", false, 64, 80, 128, 1, 1, Ping)
+#define QB_SM90_FP8_CONFIGS(X)                                                            \
+  X(kSwap64x16Ping, "swap_64x16x128_ping", true, 64, 16, 128, 1, 1, Ping)                 \
+  X(kSwap64x32Ping, "swap_64x32x128_ping", true, 64, 32, 128, 1, 1, Ping)                 \
+  X(kSwap64x64Ping, "swap_64x64x128_ping", true, 64, 64, 128, 1, 1, Ping)                 \
+  X(kSwap128x16Coop, "swap_128x16x128_coop", true, 128, 16, 128, 1, 1, Coop)              \
+  X(kSwap128x64Coop, "swap_128x64x128_coop", true, 128, 64, 128, 1, 1, Coop)              \
+  X(kCoop128x128, "128x128x128_coop", false, 128, 128, 128, 1, 1, Coop)                   \
+  X(kCoop128x256Cluster2, "128x256x128_coop_c2x1", false, 128, 256, 128, 2, 1, Coop)      \
+  X(kPing128x128Cluster2, "128x128x128_ping_c2x1", false, 128, 128, 128, 2, 1, Ping)      \
+  X(kSwap64x128Ping, "swap_64x128x128_ping", true, 64, 128, 128, 1, 1, Ping)              \
+  X(kCoop128x96, "128x96x128_coop", false, 128, 96, 128, 1, 1, Coop)                      \
+  X(kCoop128x192, "128x192x128_coop", false, 128, 192, 128, 1, 1, Coop)                   \
+  X(kPing128x160Cluster2, "128x160x128_ping_c2x1", false, 128, 160, 128, 2, 1, Ping)      \
+  X(kCoop128x224, "128x224x128_coop", false, 128, 224, 128, 1, 1, Coop)                   \
+  X(kPing64x80, "64x80x128_ping", false, 64, 80, 128, 1, 1, Ping)
 
 namespace qb::sm90 {
 
@@ -48,11 +48,9 @@ struct ConfigInfo {
   bool streamk;  // cooperative with the stream-K scheduler: run-time decomposition choice
 };
 
-constexpr int kNumConfigs = 0
-#define QB_COUNT(id, ...) +1
-    QB_SM90_FP8_CONFIGS(QB_COUNT)
-#undef QB_COUNT
-    ;
+#define QB_ENUM(id, ...) id,
+enum ConfigId : int { QB_SM90_FP8_CONFIGS(QB_ENUM) kNumConfigs };
+#undef QB_ENUM
 
 #define QB_INFO(id, name, swap, tm, tn, tk, cm, cn, sched) {name, swap, tm, tn, tk, cm, cn, #sched[0] == 'C'},
 constexpr ConfigInfo kConfigs[kNumConfigs] = {QB_SM90_FP8_CONFIGS(QB_INFO)};

@@ -98,24 +98,26 @@ double wave_efficiency(int64_t tiles, int sms) {
 int wave_fit_config(const ScaledMmArgs& a, int sms) {
   if (a.M <= 32 || a.M > 2048 || (a.M > 128 && a.M <= 256 && a.N <= 4096)) return -1;
   struct Candidate {
-    int config, width;
-    bool margin;  // must reach 80 % of the default's load
+    ConfigId config;  // unswapped: its tile_n is the tile's width in channels
+    bool margin;      // must reach 80 % of the default's load
   };
-  static constexpr Candidate kOneTokenTile[] = {{15, 80, false}};
-  static constexpr Candidate kNarrowM[] = {{11, 96, true}, {12, 192, true}, {14, 224, false}};
-  static constexpr Candidate kMidM[] = {{11, 96, true}, {12, 192, true}, {13, 160, false}};
-  static constexpr Candidate kLargeM[] = {{13, 160, false}};
+  static constexpr Candidate kOneTokenTile[] = {{kPing64x80, false}};
+  static constexpr Candidate kNarrowM[] = {{kCoop128x96, true}, {kCoop128x192, true}, {kCoop128x224, false}};
+  static constexpr Candidate kMidM[] = {{kCoop128x96, true}, {kCoop128x192, true}, {kPing128x160Cluster2, false}};
+  static constexpr Candidate kLargeM[] = {{kPing128x160Cluster2, false}};
   const int64_t token_tiles = cdiv(a.M, a.M <= 64 ? 64 : 128);
   auto load = [&](int width) { return cdiv(token_tiles * cdiv(a.N, width), sms) * width; };
-  const int64_t base = load(a.M <= 128 ? 64 : 128);
+  // The defaults' widths: the swapped tiles' 64 rows up to M = 128, 128 above.
+  const int64_t base = load(a.M <= 128 ? kConfigs[kSwap64x64Ping].tile_m : kConfigs[kPing128x128Cluster2].tile_n);
   int best = -1, best_width = 0;
   int64_t best_load = 0;
   auto consider = [&](const Candidate& c) {
-    const int64_t l = load(c.width);
+    const int width = kConfigs[c.config].tile_n;
+    const int64_t l = load(width);
     if (c.margin ? 5 * l > 4 * base : l > base) return;
-    if (best < 0 || l < best_load || (l == best_load && c.width > best_width)) {
+    if (best < 0 || l < best_load || (l == best_load && width > best_width)) {
       best = c.config;
-      best_width = c.width;
+      best_width = width;
       best_load = l;
     }
   };
@@ -141,22 +143,22 @@ Plan pick_plan(const ScaledMmArgs& a) {
   const int64_t tiles128 = cdiv(a.M, 256) * 2 * cdiv(a.N, 128);  // cluster 2x1: M tiles in pairs
   const bool ragged_last_wave = tiles128 > sms && wave_efficiency(tiles128, sms) < 0.75;
   if (a.M <= 128) {
-    p.config = a.M <= 16 ? 0 : a.M <= 32 ? 1 : a.M <= 64 ? 2 : 9;
+    p.config = a.M <= 16 ? kSwap64x16Ping : a.M <= 32 ? kSwap64x32Ping : a.M <= 64 ? kSwap64x64Ping : kSwap64x128Ping;
   } else if (a.M <= 256) {
     if (a.N <= 4096) {
-      p.config = 4;
+      p.config = kSwap128x64Coop;
     } else if (ragged_last_wave) {
-      p.config = 5;
+      p.config = kCoop128x128;
       p.opts.decomp = Decomp::StreamK;
     } else {
-      p.config = 7;
+      p.config = kPing128x128Cluster2;
     }
   } else if (a.M >= 8192 && a.K >= 8192) {
-    p.config = 6;
+    p.config = kCoop128x256Cluster2;
     p.opts.decomp = Decomp::StreamK;
     p.opts.swizzle = 8;
   } else {
-    p.config = 7;
+    p.config = kPing128x128Cluster2;
     if (a.M >= 4096 && a.N >= 8192) p.opts.swizzle = 8;
   }
   return p;

@@ -4,6 +4,6 @@
 #include "fp8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INSTANTIATE(11, 0)
-QB_SM90_INSTANTIATE(12, 0)
+QB_SM90_INSTANTIATE(kCoop128x96, 0)
+QB_SM90_INSTANTIATE(kCoop128x192, 0)
 }  // namespace qb::sm90

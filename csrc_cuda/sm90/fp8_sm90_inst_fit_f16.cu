@@ -4,6 +4,6 @@
 #include "fp8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INSTANTIATE(11, 1)
-QB_SM90_INSTANTIATE(12, 1)
+QB_SM90_INSTANTIATE(kCoop128x96, 1)
+QB_SM90_INSTANTIATE(kCoop128x192, 1)
 }  // namespace qb::sm90

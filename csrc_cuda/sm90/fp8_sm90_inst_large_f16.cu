@@ -3,7 +3,6 @@
 #include "fp8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INSTANTIATE(6, 1)
-QB_SM90_INSTANTIATE(7, 1)
-QB_SM90_INSTANTIATE(8, 1)
+QB_SM90_INSTANTIATE(kCoop128x256Cluster2, 1)
+QB_SM90_INSTANTIATE(kPing128x128Cluster2, 1)
 }  // namespace qb::sm90

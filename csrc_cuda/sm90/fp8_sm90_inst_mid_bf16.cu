@@ -3,7 +3,7 @@
 #include "fp8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INSTANTIATE(3, 0)
-QB_SM90_INSTANTIATE(4, 0)
-QB_SM90_INSTANTIATE(5, 0)
+QB_SM90_INSTANTIATE(kSwap128x16Coop, 0)
+QB_SM90_INSTANTIATE(kSwap128x64Coop, 0)
+QB_SM90_INSTANTIATE(kCoop128x128, 0)
 }  // namespace qb::sm90

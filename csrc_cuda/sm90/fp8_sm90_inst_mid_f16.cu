@@ -3,7 +3,7 @@
 #include "fp8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INSTANTIATE(3, 1)
-QB_SM90_INSTANTIATE(4, 1)
-QB_SM90_INSTANTIATE(5, 1)
+QB_SM90_INSTANTIATE(kSwap128x16Coop, 1)
+QB_SM90_INSTANTIATE(kSwap128x64Coop, 1)
+QB_SM90_INSTANTIATE(kCoop128x128, 1)
 }  // namespace qb::sm90

@@ -5,5 +5,5 @@
 #include "fp8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INSTANTIATE(15, 1)
+QB_SM90_INSTANTIATE(kPing64x80, 1)
 }  // namespace qb::sm90

@@ -5,6 +5,6 @@
 #include "fp8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INSTANTIATE(13, 0)
-QB_SM90_INSTANTIATE(14, 0)
+QB_SM90_INSTANTIATE(kPing128x160Cluster2, 0)
+QB_SM90_INSTANTIATE(kCoop128x224, 0)
 }  // namespace qb::sm90

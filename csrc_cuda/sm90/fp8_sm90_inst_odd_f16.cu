@@ -5,6 +5,6 @@
 #include "fp8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INSTANTIATE(13, 1)
-QB_SM90_INSTANTIATE(14, 1)
+QB_SM90_INSTANTIATE(kPing128x160Cluster2, 1)
+QB_SM90_INSTANTIATE(kCoop128x224, 1)
 }  // namespace qb::sm90

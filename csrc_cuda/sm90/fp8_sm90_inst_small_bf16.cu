@@ -3,7 +3,7 @@
 #include "fp8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INSTANTIATE(0, 0)
-QB_SM90_INSTANTIATE(1, 0)
-QB_SM90_INSTANTIATE(2, 0)
+QB_SM90_INSTANTIATE(kSwap64x16Ping, 0)
+QB_SM90_INSTANTIATE(kSwap64x32Ping, 0)
+QB_SM90_INSTANTIATE(kSwap64x64Ping, 0)
 }  // namespace qb::sm90

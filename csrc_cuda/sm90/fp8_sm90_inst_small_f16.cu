@@ -3,7 +3,7 @@
 #include "fp8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INSTANTIATE(0, 1)
-QB_SM90_INSTANTIATE(1, 1)
-QB_SM90_INSTANTIATE(2, 1)
+QB_SM90_INSTANTIATE(kSwap64x16Ping, 1)
+QB_SM90_INSTANTIATE(kSwap64x32Ping, 1)
+QB_SM90_INSTANTIATE(kSwap64x64Ping, 1)
 }  // namespace qb::sm90

@@ -50,7 +50,7 @@ def scaled_mm_part():
             for name in (n for n in names if n.startswith("stream")):
                 for splits, whole in ((1, -1), (3, -1), (1, 2), (3, 2)):
                     native.override(names.index(name), 1, splits, whole)
-                    _scaled_mm_calls(F8, 90, ((9, 2064, 1040), (40, 528, 16), (70, 1040, 4112)))
+                    _scaled_mm_calls(F8, 90, ((9, 2064, 1040), (40, 528, 16), (70, 1040, 4112), (200, 272, 1040)))
             # The wave-fit tiles (80, 96, 160, 192 and 224 channels wide), data-parallel and (the
             # cooperative ones) stream-K, with N not a multiple of any width.
             for name in ("128x96x128_coop", "128x192x128_coop", "128x224x128_coop", "128x160x128_ping_c2x1",

@@ -200,7 +200,7 @@ SMALL_M_CONFIGS = [n for n in native.config_names(F8, 90) if n.startswith("strea
 @pytest.mark.parametrize("name", SMALL_M_CONFIGS or ["none"])
 @pytest.mark.parametrize("splits", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (9, 2064, 1040), (17, 528, 16), (40, 1040, 14336),
-                                   (64, 4096, 1024), (65, 1024, 1040), (130, 272, 4096)])
+                                   (64, 4096, 1024), (65, 1024, 1040), (130, 272, 4096), (300, 1040, 4112)])
 def test_small_m_kernel(name, splits, M, N, K):
     """The small-M kernel forced, at every cluster split: every token tile (8 to 64, and several of
     them), N that is not a multiple of the tile rows, K that is not a multiple of the 128-wide K tile
