@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|ab|qbench|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
+#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|ab|tokens|qbench|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -37,6 +37,8 @@ for step in $steps; do
       timeout 220 python3 bench/bench_scaled_mm.py --tune --ms ${TUNE_MS:-1,16,32,64,128,256,1024,4096,8192} --shapes ${TUNE_SHAPES:-4096:4096,6144:4096,28672:4096,4096:14336,8192:8192,57344:8192} --configs "${TUNE_CONFIGS:-}" --out "$OUT/tune.json" 2>&1 | grep -v "^  " ;;
     ab)  # interleaved A/B of the dispatcher's choice against forced configs, M >= 64
       timeout 300 python3 bench/ab_configs.py --ms ${AB_MS:-64,128,256,512,1024,2048} 2>&1 ;;
+    tokens)  # token counts between the tiles: partial tiles against whole ones, and the provider's whole-tile path
+      timeout 200 python3 bench/probe_partial_token_tiles.py --ms 36,40,72,96,112 --shapes 4096:14336,8192:8192,6144:4096,10240:8192 2>&1 ;;
     qbench)
       timeout 120 python3 bench/bench_quantize.py --out "$OUT/quantize_h200.json" 2>&1 ;;
     bench)

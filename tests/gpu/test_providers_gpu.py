@@ -80,6 +80,39 @@ def test_cutlass_fp8_through_api(monkeypatch, variant, M):
                     assert rel_err(out, ref) < tol, (N, K, act_gran, out_dtype, b is None)
 
 
+@pytest.mark.skipif(SM != (9, 0), reason="whole token tiles are asked for by the sm_90a kernels only")
+@pytest.mark.parametrize("M", [33, 40, 41, 65, 72, 80, 112, 113])
+def test_whole_token_tiles(monkeypatch, M):
+    """quantize leaves storage for a whole token tile where whole_tile_tokens asks for it, and
+    scaled_mm then runs the GEMM on the whole tile. The rows past M, poisoned here with NaN, change
+    nothing: the result equals, bit for bit, the same call on copies of A and scale_a that have no
+    such rows (the plain path), and matches the reference."""
+    from qbackend_providers.cutlass import whole_tile_tokens
+    with_provider(monkeypatch, "cutlass")
+    N, K = 4096, 4096
+    rows = whole_tile_tokens(M)
+    g = torch.Generator(device=DEV).manual_seed(torch.seed() % 2**31)
+    x = torch.randn(M, K, device=DEV, generator=g)
+    w = torch.randn(N, K, device=DEV, generator=g)
+    qw, sw = qbackend.quantize(w, F8, "channel")
+    for gran in ("token", "tensor"):
+        qx, sx = qbackend.quantize(x, F8, gran)
+        assert qx.untyped_storage().nbytes() == rows * K
+        if rows > M:
+            qx.as_strided((rows - M, K), qx.stride(), M * K).view(torch.uint8).fill_(0x7F)  # e4m3 NaN
+            if gran == "token":
+                assert sx.untyped_storage().nbytes() == rows * 4
+                sx.as_strided((rows - M, 1), (1, 1), M).fill_(float("nan"))
+        poison()
+        out = qbackend.scaled_mm(qx, qw.t(), sx, sw.t(), out_dtype=torch.bfloat16)
+        assert out.shape == (M, N) and out.untyped_storage().nbytes() == rows * N * 2
+        plain = qbackend.scaled_mm(qx.clone(), qw.t(), sx.clone(), sw.t(), out_dtype=torch.bfloat16)
+        assert plain.untyped_storage().nbytes() == M * N * 2
+        assert torch.equal(out.view(torch.int16), plain.view(torch.int16)), gran
+        ref = reference(qbackend.scaled_mm, qx, qw.t(), sx, sw.t(), out_dtype=torch.float32)
+        assert rel_err(out, ref) < 1e-2, gran
+
+
 @pytest.mark.parametrize("dtype", [F8, torch.float8_e5m2, torch.int8])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_cuda_quantize_bit_exact(monkeypatch, dtype, x_dtype):

@@ -1,0 +1,76 @@
+"""What a partly filled token tile costs: scaled_mm at M from one token tile to the next, against the
+same tokens padded to a whole tile (the dispatcher's token tile: 8, 16, 32 or 64 rows up to M = 64,
+else 128).
+
+    python bench/probe_partial_token_tiles.py [--ms 64,72,80,96,112,120,128] [--shapes N:K,...]
+
+Per point (CUDA-graph replay, weights rotated past L2, microseconds per call, as bench/timing.py):
+  auto         the dispatcher's choice at M
+  <config>     the swapped 64-row ping-pong configs with 128- and 64-token tiles, forced
+  tensorwise   cuBLASLt (torch._scaled_mm, per-tensor scales)
+  padded       the same M tokens in an A of a whole tile's rows, zero past M, run on all its
+               rows: no token tile reaches past the end of A
+  a_view       M tokens as a row slice of that A: the call sees M rows, like `auto`
+  api_plain    qbackend.scaled_mm (the cutlass provider) on the M-row A
+  api_whole    qbackend.scaled_mm on the slice of the padded A: where whole_tile_tokens(M) asks for
+               it, the provider runs the GEMM on the whole tile, as it does for qbackend.quantize's
+               output
+A token tile that reaches past the last row of A is filled by the TMA unit, which writes zeros for
+the missing rows; the gap between `auto` and `padded` is what that costs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+import qbackend
+from qbackend_providers import native
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_scaled_mm import F8, Problem  # noqa: E402
+from timing import graph_time  # noqa: E402
+
+FORCED = ("swap_64x128x128_ping", "swap_64x64x128_ping")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ms", default="64,72,80,96,112,120,128")
+    ap.add_argument("--shapes", default="4096:14336,8192:8192,28672:4096")
+    args = ap.parse_args()
+    if native.load() is None:
+        sys.exit(f"native library unavailable: {native.load_error()}")
+    names = native.config_names(F8, 90)
+    for shape in args.shapes.split(","):
+        N, K = (int(v) for v in shape.split(":"))
+        prob = Problem(N, K, want_bf16=False)
+        for M in (int(m) for m in args.ms.split(",")):
+            ab, af, sa = prob.inputs(M)
+            res = {"auto": graph_time(prob.fns("qbackend.cutlass", M, ab, af, sa), 8.0)}
+            for cfg in FORCED:
+                native.override(names.index(cfg), 0, 1, 1)
+                try:
+                    res[cfg] = graph_time(prob.fns("qbackend.cutlass", M, ab, af, sa), 8.0)
+                finally:
+                    native.override()
+            res["tensorwise"] = graph_time(prob.fns("torch._scaled_mm.tensorwise", M, ab, af, sa), 8.0)
+            rows = max(8, 1 << (M - 1).bit_length()) if M <= 64 else 128
+            a_pad = torch.zeros(rows, K, device="cuda", dtype=F8)
+            a_pad[:M] = af
+            s_pad = torch.ones(rows, 1, device="cuda")
+            s_pad[:M] = sa
+            res["padded"] = graph_time(prob.fns("qbackend.cutlass", rows, None, a_pad, s_pad), 8.0)
+            res["a_view"] = graph_time(prob.fns("qbackend.cutlass", M, None, a_pad[:M], s_pad[:M]), 8.0)
+            for label, a, s in (("api_plain", af, sa), ("api_whole", a_pad[:M], s_pad[:M])):
+                res[label] = graph_time([lambda w=w, a=a, s=s, sb=prob.sb: qbackend.scaled_mm(
+                    a, w.t(), s, sb, out_dtype=torch.bfloat16) for w in prob.wf[:prob.reps(M)]], 8.0)
+            print(f"M={M} N={N} K={K} " + " ".join(f"{k}={v:.1f}" for k, v in res.items()), flush=True)
+        del prob
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
