@@ -121,39 +121,42 @@ class CutlassProvider(Provider):
                                   f"(families {', '.join(f'sm_{v}' for v in wanted)} not built)")
         return None
 
-    def _runs_sm90_fp8(self, device: torch.device) -> bool:
-        """Whether this device's FP8 GEMMs run the sm_90a kernels (whose token tiles want whole rows)."""
+    def _gemm_rows(self, M: int, dtype: torch.dtype, device: torch.device) -> int:
+        """Token rows a GEMM of M rows of `dtype` activations runs on this device: whole_tile_tokens(M)
+        where the sm_90a FP8 kernels serve it, else M. quantize allocates for it, scaled_mm uses it."""
+        if dtype != qd.E4M3:
+            return M
         index = device.index if device.index is not None else torch.cuda.current_device()
-        known = self._sm90_devices.get(index)
-        if known is None:
-            known = self._sm90_devices[index] = (
+        sm90 = self._sm90_devices.get(index)
+        if sm90 is None:
+            sm90 = self._sm90_devices[index] = (
                 self.variant in (0, 90) and native.has_variant("scaled_mm_fp8", 90)
                 and torch.cuda.get_device_capability(index) == (9, 0))
-        return known
+        return whole_tile_tokens(M) if sm90 else M
 
     def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem):
         M, N = a.shape[0], b.shape[1]
         # Per-row/column scales may arrive as strided views (w_scale.t()); the kernels read them
         # as contiguous vectors. A no-op for the usual contiguous scales.
         scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
-        rows = whole_tile_tokens(M) if a.dtype == qd.E4M3 and self._runs_sm90_fp8(a.device) else M
+        rows = self._gemm_rows(M, a.dtype, a.device)
         if rows != M:
             a_rows = _extend_rows(a, rows)
             scale_rows = scale_a if scale_a.numel() == 1 else _extend_rows(scale_a.reshape(M, 1), rows)
-            if a_rows is not None and scale_rows is not None:
-                out = torch.empty((rows, N), dtype=out_dtype, device=a.device)
-                native.scaled_mm(a_rows, b, scale_rows, scale_b, bias, out, variant=self.variant)
-                return out[:M]
-        out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+            if a_rows is None or scale_rows is None:
+                rows = M  # no spare rows in A's or scale_a's storage: the partial tile
+            else:
+                a, scale_a = a_rows, scale_rows
+        out = torch.empty((rows, N), dtype=out_dtype, device=a.device)
         native.scaled_mm(a, b, scale_a, scale_b, bias, out, variant=self.variant)
-        return out
+        return out[:M] if rows != M else out
 
     def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         M = x2.shape[0]
         # FP8 activations for the sm_90a GEMM get storage for whole token tiles (rows past M left
         # unwritten), so that the GEMM can run on whole tiles (whole_tile_tokens).
-        rows = whole_tile_tokens(M) if dtype == qd.E4M3 and self._runs_sm90_fp8(x.device) else M
+        rows = self._gemm_rows(M, dtype, x.device)
         q = torch.empty((rows, x2.shape[1]), dtype=dtype, device=x.device)[:M]
         workspace = None
         if scale is not None:
