@@ -109,15 +109,14 @@ int wave_fit_config(const ScaledMmArgs& a, int sms) {
   auto load = [&](int width) { return cdiv(token_tiles * cdiv(a.N, width), sms) * width; };
   // The defaults' widths: the swapped tiles' 64 rows up to M = 128, 128 above.
   const int64_t base = load(a.M <= 128 ? kConfigs[kSwap64x64Ping].tile_m : kConfigs[kPing128x128Cluster2].tile_n);
-  int best = -1, best_width = 0;
+  int best = -1;
   int64_t best_load = 0;
   auto consider = [&](const Candidate& c) {
     const int width = kConfigs[c.config].tile_n;
     const int64_t l = load(width);
     if (c.margin ? 5 * l > 4 * base : l > base) return;
-    if (best < 0 || l < best_load || (l == best_load && width > best_width)) {
+    if (best < 0 || l < best_load || (l == best_load && width > kConfigs[best].tile_n)) {
       best = c.config;
-      best_width = width;
       best_load = l;
     }
   };
