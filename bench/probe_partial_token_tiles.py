@@ -1,15 +1,16 @@
 """What a partly filled token tile costs: scaled_mm at M from one token tile to the next, against the
 same tokens padded to a whole tile (the dispatcher's token tile: 8, 16, 32 or 64 rows up to M = 64,
-else 128).
+96 up to 96, else 128).
 
     python bench/probe_partial_token_tiles.py [--ms 64,72,80,96,112,120,128] [--shapes N:K,...]
 
 Per point (CUDA-graph replay, weights rotated past L2, microseconds per call, as bench/timing.py):
   auto         the dispatcher's choice at M
-  <config>     the swapped 64-row ping-pong configs with 128- and 64-token tiles, forced
+  <config>     the swapped 64-row ping-pong configs with 128-, 96- and 64-token tiles, forced
   tensorwise   cuBLASLt (torch._scaled_mm, per-tensor scales)
   padded       the same M tokens in an A of a whole tile's rows, zero past M, run on all its
                rows: no token tile reaches past the end of A
+  padded128    the same with 128 rows, where the dispatcher's tile is narrower (64 < M <= 96)
   a_view       M tokens as a row slice of that A: the call sees M rows, like `auto`
   api_plain    qbackend.scaled_mm (the cutlass provider) on the M-row A
   api_whole    qbackend.scaled_mm on the slice of the padded A: where whole_tile_tokens(M) asks for
@@ -33,7 +34,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scaled_mm import F8, Problem  # noqa: E402
 from timing import graph_time  # noqa: E402
 
-FORCED = ("swap_64x128x128_ping", "swap_64x64x128_ping")
+FORCED = ("swap_64x128x128_ping", "swap_64x96x128_ping", "swap_64x64x128_ping")
+
+
+def token_tile(M: int) -> int:
+    """Rows of the token tile that covers M tokens in the dispatcher's swapped configs."""
+    if M <= 64:
+        return max(8, 1 << (M - 1).bit_length())
+    return 96 if M <= 96 else 128
 
 
 def main():
@@ -57,12 +65,14 @@ def main():
                 finally:
                     native.override()
             res["tensorwise"] = graph_time(prob.fns("torch._scaled_mm.tensorwise", M, ab, af, sa), 8.0)
-            rows = max(8, 1 << (M - 1).bit_length()) if M <= 64 else 128
-            a_pad = torch.zeros(rows, K, device="cuda", dtype=F8)
+            rows = token_tile(M)
+            a_pad = torch.zeros(128, K, device="cuda", dtype=F8)
             a_pad[:M] = af
-            s_pad = torch.ones(rows, 1, device="cuda")
+            s_pad = torch.ones(128, 1, device="cuda")
             s_pad[:M] = sa
-            res["padded"] = graph_time(prob.fns("qbackend.cutlass", rows, None, a_pad, s_pad), 8.0)
+            res["padded"] = graph_time(prob.fns("qbackend.cutlass", rows, None, a_pad[:rows], s_pad[:rows]), 8.0)
+            if rows < 128 and M > 64:
+                res["padded128"] = graph_time(prob.fns("qbackend.cutlass", 128, None, a_pad, s_pad), 8.0)
             res["a_view"] = graph_time(prob.fns("qbackend.cutlass", M, None, a_pad[:M], s_pad[:M]), 8.0)
             for label, a, s in (("api_plain", af, sa), ("api_whole", a_pad[:M], s_pad[:M])):
                 res[label] = graph_time([lambda w=w, a=a, s=s, sb=prob.sb: qbackend.scaled_mm(

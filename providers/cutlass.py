@@ -27,21 +27,13 @@ _QUANT_PAIRS = frozenset((x, q) for x in qd.FLOAT_INPUT_DTYPES for q in _QUANT_O
 STATIC_TENSOR, DYNAMIC_TENSOR, DYNAMIC_TOKEN = 0, 1, 2
 
 
-def whole_tile_tokens(M: int) -> int:
-    """How many token rows the sm_90a FP8 GEMM should run for M tokens.
-
-    Its kernels load a tile of tokens with one TMA copy, which fills the rows past the end of A with
-    zeros, and that fill is slow: at M = 72 the 128-token tiles took x1.4 to x1.5 the time of the
-    same GEMM run on 128 tokens, at M = 40 the 64-token tiles 5 to 10 % more than on 64
-    (bench/results/scaled_mm_ab_h200.log, the partial token tiles sections), and the cost grows
-    with the rows filled. Where 24 or more rows of the tile would be filled, the GEMM runs on the
-    whole tile instead, reading rows past M from memory that quantize allocated for the purpose
-    (see `_extend_rows`); their results are never returned. (With 16 rows filled, at M = 112, the
-    whole tile gained 3 % on average over four shapes but lost up to 14 % on one.)
-    """
-    if 32 < M <= 40:
-        return 64
-    return 128 if 64 < M <= 104 else M
+def _rows_held(t: torch.Tensor) -> int:
+    """How many rows (t.shape[0] or more) a 2-D view could have, with its strides and offset, within
+    its storage."""
+    if t.dim() != 2 or t.stride(0) <= 0 or t.shape[0] == 0:
+        return t.shape[0] if t.dim() else 0
+    room = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset() - (t.shape[1] - 1) * t.stride(1)
+    return max(t.shape[0], (room - 1) // t.stride(0) + 1)
 
 
 def _extend_rows(t: torch.Tensor, rows: int):
@@ -51,10 +43,7 @@ def _extend_rows(t: torch.Tensor, rows: int):
     row depends only on its own row of A and of scale_a, so they change nothing in the first M rows
     of the output.
     """
-    if t.dim() != 2 or rows <= t.shape[0]:
-        return None
-    last = t.storage_offset() + (rows - 1) * t.stride(0) + (t.shape[1] - 1) * t.stride(1)
-    if last >= t.untyped_storage().nbytes() // t.element_size():
+    if t.dim() != 2 or rows <= t.shape[0] or _rows_held(t) < rows:
         return None
     return t.as_strided((rows, t.shape[1]), t.stride(), t.storage_offset())
 
@@ -97,7 +86,7 @@ class CutlassProvider(Provider):
                      static=frozenset({False})),
             ))
         self.variant = _forced_variant(os.environ.get(VARIANT_ENV, ""))
-        self._sm90_devices: dict = {}  # device index -> the sm_90a FP8 kernels serve it
+        self._sm90_devices: dict = {}  # device index -> its SM count where the sm_90a FP8 kernels serve it, else None
 
     def _kernel_op(self, problem):
         """The library's op name for a problem, and the kernel families that can serve it."""
@@ -121,30 +110,42 @@ class CutlassProvider(Provider):
                                   f"(families {', '.join(f'sm_{v}' for v in wanted)} not built)")
         return None
 
-    def _gemm_rows(self, M: int, dtype: torch.dtype, device: torch.device) -> int:
-        """Token rows a GEMM of M rows of `dtype` activations runs on this device: whole_tile_tokens(M)
-        where the sm_90a FP8 kernels serve it, else M. quantize allocates for it, scaled_mm uses it."""
-        if dtype != qd.E4M3:
-            return M
+    def _sm90(self, device: torch.device):
+        """The multiprocessor count of `device` when the sm_90a FP8 kernels serve it, else None."""
         index = device.index if device.index is not None else torch.cuda.current_device()
-        sm90 = self._sm90_devices.get(index)
-        if sm90 is None:
-            sm90 = self._sm90_devices[index] = (
-                self.variant in (0, 90) and native.has_variant("scaled_mm_fp8", 90)
-                and torch.cuda.get_device_capability(index) == (9, 0))
-        return whole_tile_tokens(M) if sm90 else M
+        if index not in self._sm90_devices:
+            serves = (self.variant in (0, 90) and native.has_variant("scaled_mm_fp8", 90)
+                      and torch.cuda.get_device_capability(index) == (9, 0))
+            self._sm90_devices[index] = (
+                torch.cuda.get_device_properties(index).multi_processor_count if serves else None)
+        return self._sm90_devices[index]
+
+    def _gemm_rows(self, a, scale_a, N: int) -> int:
+        """Token rows to run this FP8 GEMM on: more than M where A and a per-token scale_a have
+        storage for whole token tiles past M and the library asks for them (native.token_rows),
+        as they have when they come from this provider's quantize."""
+        M, K = a.shape
+        if a.dtype != qd.E4M3 or native.token_rows(M) == M:
+            return M
+        sms = self._sm90(a.device)
+        if sms is None:
+            return M
+        available = _rows_held(a)
+        if scale_a.numel() != 1:
+            available = min(available, _rows_held(scale_a.reshape(M, 1)))
+        return native.token_rows(M, N, K, sms, available) if available > M else M
 
     def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem):
         M, N = a.shape[0], b.shape[1]
         # Per-row/column scales may arrive as strided views (w_scale.t()); the kernels read them
         # as contiguous vectors. A no-op for the usual contiguous scales.
         scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
-        rows = self._gemm_rows(M, a.dtype, a.device)
+        rows = self._gemm_rows(a, scale_a, N)
         if rows != M:
             a_rows = _extend_rows(a, rows)
             scale_rows = scale_a if scale_a.numel() == 1 else _extend_rows(scale_a.reshape(M, 1), rows)
             if a_rows is None or scale_rows is None:
-                rows = M  # no spare rows in A's or scale_a's storage: the partial tile
+                rows = M  # (the library asked for more rows than the storage holds: never expected)
             else:
                 a, scale_a = a_rows, scale_rows
         out = torch.empty((rows, N), dtype=out_dtype, device=a.device)
@@ -155,8 +156,10 @@ class CutlassProvider(Provider):
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         M = x2.shape[0]
         # FP8 activations for the sm_90a GEMM get storage for whole token tiles (rows past M left
-        # unwritten), so that the GEMM can run on whole tiles (whole_tile_tokens).
-        rows = self._gemm_rows(M, dtype, x.device)
+        # unwritten), so that the GEMM can run on whole tiles (native.token_rows).
+        rows = M
+        if dtype == qd.E4M3 and native.token_rows(M) != M and self._sm90(x.device) is not None:
+            rows = native.token_rows(M)
         q = torch.empty((rows, x2.shape[1]), dtype=dtype, device=x.device)[:M]
         workspace = None
         if scale is not None:

@@ -16,6 +16,7 @@ RuntimeError with the library's message.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 
@@ -24,8 +25,8 @@ import torch
 __all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75",
            "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
            "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size", "quantize",
-           "quantize_workspace_size", "quantize_override", "config_names", "auto_config", "override",
-           "set_programmatic_launch"]
+           "quantize_workspace_size", "quantize_override", "config_names", "auto_config", "token_rows",
+           "override", "set_programmatic_launch"]
 
 VARIANT_AUTO, VARIANT_SM90, VARIANT_SM89, VARIANT_SM80, VARIANT_SM75 = 0, 90, 89, 80, 75
 STATIC_TENSOR, DYNAMIC_TENSOR, DYNAMIC_TOKEN = 0, 1, 2          # qb_quant_mode
@@ -74,6 +75,9 @@ def _bind(lib) -> None:
         ipp = c.POINTER(ip)
         lib.qb_scaled_mm_auto_config.argtypes = [i64, i64, i64, ip, ip, ip, ipp, ipp, ipp, ipp, c.c_char_p, sz]
         lib.qb_scaled_mm_auto_config.restype = ip
+    if hasattr(lib, "qb_scaled_mm_token_rows"):  # libraries built before it lack it: no whole tiles then
+        lib.qb_scaled_mm_token_rows.argtypes = [i64, i64, i64, ip, ip, ip, i64]
+        lib.qb_scaled_mm_token_rows.restype = i64
     lib.qb_set_programmatic_launch.argtypes = [ip]
     lib.qb_set_programmatic_launch.restype = None
     lib.qb_quantize.argtypes = [vp, i64, vp, i64, fp, i64, i64, ip, ip, ip, fp, vp, vp, c.c_char_p, sz]
@@ -345,6 +349,21 @@ def auto_config(M: int, N: int, K: int, a_dtype: torch.dtype = torch.float8_e4m3
     config, decomposition, splits, swizzle = (v.value for v in out)
     return {"config": lib.qb_scaled_mm_config_name(code, int(variant), config).decode(),
             "decomposition": decomposition, "splits": splits, "swizzle": swizzle}
+
+
+@functools.lru_cache(maxsize=4096)
+def token_rows(M: int, N: int = 0, K: int = 0, sm_count: int = 0, rows_available: int = 0,
+               a_dtype: torch.dtype = torch.float8_e4m3fn, variant: int = 90) -> int:
+    """Whole token tiles (qb_scaled_mm_token_rows): with N = 0, how many rows to give an activation
+    buffer of M rows (and its per-token scales) so that GEMMs can run on whole token tiles; with
+    N > 0, how many rows (M to rows_available) this GEMM should run on when A and scale_a have
+    storage for rows_available rows. M when the library does not pad (only the sm90 FP8 family
+    does) or predates the function. No GPU needed."""
+    lib = load()
+    if lib is None or not hasattr(lib, "qb_scaled_mm_token_rows"):
+        return int(M)
+    return int(lib.qb_scaled_mm_token_rows(int(M), int(N), int(K), _DTYPE[a_dtype], int(variant),
+                                           int(sm_count), int(rows_available)))
 
 
 def override(config: int = -1, decomposition: int = -1, splits: int = -1, swizzle: int = -1) -> None:

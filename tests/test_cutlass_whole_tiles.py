@@ -1,16 +1,20 @@
-"""The cutlass provider's whole-token-tile rule, on CPU tensors: which M it pads, and that a view is
-only ever extended over rows its own storage holds (the GPU side is tests/gpu/test_providers_gpu.py,
-test_whole_token_tiles)."""
+"""The cutlass provider's whole-token-tile path, on CPU tensors: how many rows a view's storage
+holds, and that a view is only ever extended over those (which M are padded is the library's rule:
+tests/test_native_abi.py; the GPU side is tests/gpu/test_providers_gpu.py, test_whole_token_tiles)."""
 import torch
 
-from qbackend_providers.cutlass import _extend_rows, whole_tile_tokens
+from qbackend_providers.cutlass import _extend_rows, _rows_held
 
 
-def test_whole_tile_tokens_pads_33_to_40_and_65_to_104():
-    assert [whole_tile_tokens(m) for m in (1, 16, 32, 41, 64, 128, 129, 1000)] == [1, 16, 32, 41, 64, 128, 129, 1000]
-    assert {whole_tile_tokens(m) for m in range(33, 41)} == {64}
-    assert {whole_tile_tokens(m) for m in range(65, 105)} == {128}
-    assert whole_tile_tokens(105) == 105
+def test_rows_held():
+    assert _rows_held(torch.empty(128, 64)[:72]) == 128
+    assert _rows_held(torch.empty(72, 64)) == 72
+    assert _rows_held(torch.empty(300, 100)[10:82, 8:72]) == 290   # row 299 still holds columns 8 to 71
+    assert _rows_held(torch.empty(300, 100)[10:82, 40:]) == 290
+    assert _rows_held(torch.empty(128 * 64 - 1)[:72 * 64].view(72, 64)) == 127
+    assert _rows_held(torch.empty(128, 1)[:72]) == 128              # a per-token scale column
+    assert _rows_held(torch.empty(1, 64).expand(72, 64)) == 72      # broadcast rows: no room to claim
+    assert _rows_held(torch.empty(0, 64)) == 0
 
 
 def test_extend_rows_within_storage():

@@ -25,7 +25,7 @@ def test_sm90_configs_are_listed_once_each():
     names = native.config_names(F8, 90)
     assert len(names) == len(set(names))
     # one swapped ping-pong config per token-tile width the dispatcher uses for M <= 128
-    for width in (16, 32, 64, 128):
+    for width in (16, 32, 64, 96, 128):
         assert f"swap_64x{width}x128_ping" in names
 
 
@@ -40,6 +40,10 @@ SM90_AUTO = [
     ((1, 57344, 8192), ("swap_64x16x128_ping", 0, None, None)),  # over 4 tiles per SM: CUTLASS
     ((64, 10240, 8192), ("64x80x128_ping", 0, None, 1)),   # 128 tiles of 80: one wave; 160 of 64: two
     ((64, 8192, 8192), ("swap_64x64x128_ping", 0, None, None)),   # 80 wide fills worse
+    ((72, 4096, 14336), ("swap_64x96x128_ping", 0, None, None)),  # 64 < M <= 96: 96-token tiles
+    ((72, 10240, 8192), ("swap_64x96x128_ping", 0, None, None)),  # no 96-wide wave fit on partial tiles
+    ((72, 57344, 8192), ("128x224x128_coop", 0, None, 1)),        # but the 224-wide one
+    ((97, 4096, 4096), ("swap_64x128x128_ping", 0, None, None)),
     ((128, 4096, 4096), ("swap_64x128x128_ping", 0, None, None)),
     ((128, 10240, 8192), ("128x96x128_coop", 0, None, 1)),        # wave fit: 107 tiles, one wave
     ((128, 57344, 8192), ("128x224x128_coop", 0, None, 1)),       # equal fill: tokens read 3.5x less
@@ -89,13 +93,58 @@ def test_sm90_automatic_choice_is_a_listed_config_everywhere():
                 else:
                     assert got["swizzle"] in (1, 2, 4, 8), got
                 if got["config"] in ("128x96x128_coop", "128x192x128_coop"):
-                    assert 64 < M <= 512, (M, N, K, sms, got)
+                    assert 96 < M <= 512, (M, N, K, sms, got)
                 if got["config"] == "64x80x128_ping":
                     assert 32 < M <= 64, (M, N, K, sms, got)
                 if got["config"] == "128x224x128_coop":
                     assert 64 < M <= 128, (M, N, K, sms, got)
                 if got["config"] == "128x160x128_ping_c2x1":  # its 2x1 clusters pair two token tiles
                     assert 128 < M <= 2048, (M, N, K, sms, got)
+
+
+# Whole token tiles: (M, N, K, rows the storage holds) -> rows to run, on 132 SMs.
+TOKEN_ROWS = [
+    ((72, 4096, 14336, 128), 96),    # 96-token tiles, 24 rows missing: the whole tile
+    ((66, 8192, 8192, 128), 96),
+    ((72, 4096, 14336, 95), 72),     # the storage stops short of the tile
+    ((80, 4096, 14336, 128), 80),    # 16 rows missing: no cost measured, so not padded
+    ((80, 10240, 8192, 128), 128),   # a wave-fit tile would take all 128 tokens
+    ((80, 10240, 8192, 96), 80),     # ... but there is no room for them
+    ((72, 57344, 8192, 128), 128),   # the 224-wide wave-fit tile runs 128 tokens anyway
+    ((100, 4096, 4096, 128), 128),   # 128-token tiles, 28 missing
+    ((105, 4096, 4096, 128), 105),   # 23 missing
+    ((36, 4096, 4096, 64), 64),      # 64-token tiles
+    ((41, 4096, 4096, 64), 41),
+    ((16, 4096, 4096, 64), 16),      # the small-M kernel: no cost measured
+    ((200, 4096, 4096, 256), 200),   # above 128: not measured, not padded
+    ((72, 100, 4096, 128), 72),      # N not a multiple of 16: not an error here, just no padding
+]
+
+
+@pytest.mark.parametrize("case,want", TOKEN_ROWS, ids=[f"{m}x{n}x{k}in{r}" for (m, n, k, r), _ in TOKEN_ROWS])
+def test_sm90_token_rows(case, want):
+    if not native.has_variant("scaled_mm_fp8", 90):
+        pytest.skip("sm_90a family not built")
+    M, N, K, available = case
+    assert native.token_rows(M, N, K, 132, available) == want
+
+
+def test_sm90_token_rows_for_an_activation_buffer():
+    """N = 0: the rows quantize gives FP8 activations, the most any GEMM of M tokens asks for."""
+    if not native.has_variant("scaled_mm_fp8", 90):
+        pytest.skip("sm_90a family not built")
+    rows = {M: native.token_rows(M) for M in range(1, 300)}
+    assert {M for M, r in rows.items() if r != M} == set(range(33, 41)) | set(range(65, 105))
+    assert {rows[M] for M in range(33, 41)} == {64} and {rows[M] for M in range(65, 105)} == {128}
+    for M in range(33, 129):  # never fewer rows than some N asks for
+        for N, K in ((4096, 14336), (10240, 8192), (57344, 8192), (6144, 4096)):
+            assert native.token_rows(M, N, K, 132, 1 << 20) <= rows[M], (M, N, K)
+
+
+def test_token_rows_is_m_where_nothing_pads():
+    assert native.token_rows(72, 4096, 4096, 132, 128, a_dtype=torch.int8, variant=80) == 72
+    assert native.token_rows(72, variant=89) == 72
+    assert native.token_rows(0) == 0
 
 
 def test_auto_config_rejects_bad_requests_with_a_message():

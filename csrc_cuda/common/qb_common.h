@@ -83,6 +83,9 @@ const char* sm90_fp8_config_name(int config);
 // The automatic choice for a problem (args.M, N, K, sm_count; no pointers read, no GPU needed): the
 // config id and, for the stream-K capable configs, the decomposition, split count and swizzle.
 int sm90_fp8_auto_config(const ScaledMmArgs& args, int* decomposition, int* splits, int* swizzle);
+// Token rows to run the GEMM on when A and scale_a have storage for `available` rows (args.N == 0:
+// rows to give an activation buffer); see qb_scaled_mm_token_rows. No GPU needed.
+int64_t sm90_fp8_token_rows(const ScaledMmArgs& args, int64_t available);
 
 int sm89_fp8_scaled_mm(const ScaledMmArgs& args, const Err& err);
 size_t sm89_fp8_workspace(const ScaledMmArgs& args);

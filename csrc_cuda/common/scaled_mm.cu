@@ -324,6 +324,27 @@ extern "C" int qb_scaled_mm_auto_config(int64_t M, int64_t N, int64_t K, int a_d
   }
 }
 
+extern "C" int64_t qb_scaled_mm_token_rows(int64_t M, int64_t N, int64_t K, int a_dtype, int variant, int sm_count,
+                                           int64_t rows_available) {
+  if (M < 1 || !built(a_dtype, variant)) return M;
+  if (N != 0 && (rows_available <= M || check_shape(M, N, K, a_dtype, a_dtype, QB_BF16, qb::Err{nullptr, 0}) != QB_OK))
+    return M;
+  switch (variant) {
+#ifdef QB_HAS_SCALED_MM_FP8_90
+    case QB_VARIANT_SM90: {
+      qb::ScaledMmArgs args{};
+      args.M = M;
+      args.N = N;
+      args.K = K;
+      args.sm_count = sm_count;
+      return qb::sm90_fp8_token_rows(args, rows_available);
+    }
+#endif
+    default:
+      return M;
+  }
+}
+
 extern "C" void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzle) {
   t_config = config;
   t_decomp = decomposition;

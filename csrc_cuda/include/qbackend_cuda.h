@@ -117,6 +117,22 @@ void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzl
 int qb_scaled_mm_auto_config(int64_t M, int64_t N, int64_t K, int a_dtype, int variant, int sm_count, int* config,
                              int* decomposition, int* splits, int* swizzle, char* err, size_t err_len);
 
+/* Whole token tiles. The sm_90a FP8 kernels load tokens in tiles of 64 to 128 rows; where a tile
+ * reaches past the last row of A, the copy fills the missing rows with zeros, which is slow when
+ * many are missing (up to x1.5 the time of the same GEMM on whole tiles). When A and a per-token
+ * scale_a have storage past row M, the GEMM can run on those rows instead: each output row depends
+ * only on its own row of A and of scale_a, so rows past M may hold anything and their outputs are
+ * simply not used.
+ *   N == 0: how many rows to give an activation buffer of M rows (and its per-token scales) so
+ *           that any GEMM of M tokens can run on whole tiles: M or more.
+ *   N > 0:  how many rows (M to rows_available) this M x N x K GEMM on a GPU of sm_count
+ *           multiprocessors (< 1: 132) should run on, its A and scale_a having storage for
+ *           rows_available rows; out must then have that many rows.
+ * Only the sm90 FP8 family (variant 90, a_dtype QB_E4M3) pads; any other variant, dtype or malformed
+ * request answers M. Needs no GPU. */
+int64_t qb_scaled_mm_token_rows(int64_t M, int64_t N, int64_t K, int a_dtype, int variant, int sm_count,
+                                int64_t rows_available);
+
 /* Process-wide, on by default, sm_90 and newer only: the SM90 scaled_mm kernels that need no
  * workspace, and the single-kernel quantize modes (static per-tensor, dynamic per-token), are launched
  * as programmatic dependents of the previous kernel in the stream (PDL), so their launch and prologue

@@ -17,7 +17,7 @@
   X(kSwap64x16Ping, "swap_64x16x128_ping", true, 64, 16, 128, 1, 1, Ping)                 \
   X(kSwap64x32Ping, "swap_64x32x128_ping", true, 64, 32, 128, 1, 1, Ping)                 \
   X(kSwap64x64Ping, "swap_64x64x128_ping", true, 64, 64, 128, 1, 1, Ping)                 \
-  X(kSwap128x16Coop, "swap_128x16x128_coop", true, 128, 16, 128, 1, 1, Coop)              \
+  X(kSwap64x96Ping, "swap_64x96x128_ping", true, 64, 96, 128, 1, 1, Ping)                 \
   X(kSwap128x64Coop, "swap_128x64x128_coop", true, 128, 64, 128, 1, 1, Coop)              \
   X(kCoop128x128, "128x128x128_coop", false, 128, 128, 128, 1, 1, Coop)                   \
   X(kCoop128x256Cluster2, "128x256x128_coop_c2x1", false, 128, 256, 128, 2, 1, Coop)      \

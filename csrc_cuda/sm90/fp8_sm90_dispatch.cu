@@ -36,11 +36,14 @@ double wave_efficiency(int64_t tiles, int sms) {
 
 // Config, decomposition and swizzle by M bucket, from the H200 sweeps (bench_scaled_mm.py --tune):
 //   (M <= 32: the small-M kernel first, where small_m_auto_plan takes the problem; otherwise:)
-//   M <= 128  memory-bound: swapped persistent 64-row ping-pong tiles whose token side (16, 32, 64
-//             or 128) covers all of M, so each weight tile is read by one CTA, once (tiles that
+//   M <= 128  memory-bound: swapped persistent 64-row ping-pong tiles whose token side (16, 32, 64,
+//             96 or 128) covers all of M, so each weight tile is read by one CTA, once (tiles that
 //             two CTAs read were measured up to 30 % slower);
 //             64-row tiles give twice the CTAs of 128-row ones, so more SMs stream the weight.
-//             Stream-K's cross-CTA reduction cost more than it saved at these sizes.
+//             Stream-K's cross-CTA reduction cost more than it saved at these sizes. 96-token tiles
+//             for 64 < M <= 96: the 128-token ones spend x1.2 to x1.5 the time there on filling the
+//             rows past M (M = 72: 21.3 against 32.5 us at 4096 x 14336, 11.1 against 14.3 at
+//             6144 x 4096; see token_rows for the fill).
 //   M <= 256  N <= 4096: swapped 128x64 cooperative tiles (data-parallel); a last wave under 75 %
 //             full: 128x128 cooperative with stream-K; otherwise 128x128 ping-pong (cluster 2x1).
 //   larger    128x128 ping-pong (cluster 2x1). A ragged last wave does not call for stream-K here:
@@ -94,7 +97,11 @@ double wave_efficiency(int64_t tiles, int sms) {
 //               once, like the swapped 64-row default, but reads the tokens once per 224 channels
 //               instead of once per 64. M = 128, N = 57344 (equal fill): 139.7 us against 148.3;
 //               N = 28672: 38.7 against 39.6.
-//             (bench/results/scaled_mm_ab_h200.log, the wave-fit section at its top.)
+//             - Up to M = 96 only the 224-wide one: these 128-token tiles then miss 32 rows or more,
+//               which the 96- and 192-wide ones pay for and the 224-wide one does not (M = 72,
+//               N = 10240: 128x96 37.4 us against 32.0 for the swapped 96-token tiles; N = 57344:
+//               128x224 135.8 against 150.1). Given rows to spare, they run whole (token_rows).
+//             (bench/results/scaled_mm_ab_h200.log, the wave-fit section and the partial token tiles.)
 int wave_fit_config(const ScaledMmArgs& a, int sms) {
   if (a.M <= 32 || a.M > 2048 || (a.M > 128 && a.M <= 256 && a.N <= 4096)) return -1;
   struct Candidate {
@@ -102,6 +109,7 @@ int wave_fit_config(const ScaledMmArgs& a, int sms) {
     bool margin;      // must reach 80 % of the default's load
   };
   static constexpr Candidate kOneTokenTile[] = {{kPing64x80, false}};
+  static constexpr Candidate kPartialTokenTile[] = {{kCoop128x224, false}};
   static constexpr Candidate kNarrowM[] = {{kCoop128x96, true}, {kCoop128x192, true}, {kCoop128x224, false}};
   static constexpr Candidate kMidM[] = {{kCoop128x96, true}, {kCoop128x192, true}, {kPing128x160Cluster2, false}};
   static constexpr Candidate kLargeM[] = {{kPing128x160Cluster2, false}};
@@ -122,6 +130,8 @@ int wave_fit_config(const ScaledMmArgs& a, int sms) {
   };
   if (a.M <= 64) {
     for (const Candidate& c : kOneTokenTile) consider(c);
+  } else if (a.M <= 96) {
+    for (const Candidate& c : kPartialTokenTile) consider(c);
   } else if (a.M <= 128) {
     for (const Candidate& c : kNarrowM) consider(c);
   } else if (a.M <= 512) {
@@ -142,7 +152,11 @@ Plan pick_plan(const ScaledMmArgs& a) {
   const int64_t tiles128 = cdiv(a.M, 256) * 2 * cdiv(a.N, 128);  // cluster 2x1: M tiles in pairs
   const bool ragged_last_wave = tiles128 > sms && wave_efficiency(tiles128, sms) < 0.75;
   if (a.M <= 128) {
-    p.config = a.M <= 16 ? kSwap64x16Ping : a.M <= 32 ? kSwap64x32Ping : a.M <= 64 ? kSwap64x64Ping : kSwap64x128Ping;
+    p.config = a.M <= 16   ? kSwap64x16Ping
+               : a.M <= 32 ? kSwap64x32Ping
+               : a.M <= 64 ? kSwap64x64Ping
+               : a.M <= 96 ? kSwap64x96Ping
+                           : kSwap64x128Ping;
   } else if (a.M <= 256) {
     if (a.N <= 4096) {
       p.config = kSwap128x64Coop;
@@ -177,6 +191,37 @@ Plan make_plan(const ScaledMmArgs& a) {
   }
   if (!kConfigs[p.config].streamk) p.opts.decomp = Decomp::DataParallel;
   return p;
+}
+
+// Whole token tiles. The TMA copy of a token tile that reaches past the last row of A fills the
+// missing rows with zeros, and that fill is slow when many rows are missing: on the H200, x1.4 to
+// x1.5 the time of the same GEMM on whole tiles at M = 72 with 128-token tiles, x1.1 to x1.2 at
+// M = 66 with 96-token ones, 5 to 10 % at M = 40 with 64-token ones; nothing measurable with fewer
+// than 24 rows missing (M = 104 on 128, M = 41 to 63 on 64) nor in the small-M kernel's tiles
+// (M <= 32). (bench/results/scaled_mm_ab_h200.log, the partial token tiles sections.)
+constexpr int64_t kMinMissingRows = 24;
+
+// Tokens per tile of a config: the swapped configs' tile_n, the others' tile_m.
+int64_t token_tile(int config) { return kConfigs[config].swap ? kConfigs[config].tile_n : kConfigs[config].tile_m; }
+
+int64_t token_rows(const ScaledMmArgs& a, int64_t available) {
+  const int64_t M = a.M;
+  if (M <= 32 || M > 128) return M;
+  const int64_t widest = M <= 64 ? token_tile(kSwap64x64Ping) : token_tile(kSwap64x128Ping);
+  // For an activation buffer (N unknown): the widest tile any plan for M may run whole, below.
+  if (a.N == 0) return M <= 96 && M > 64 ? widest : widest - M >= kMinMissingRows ? widest : M;
+  const int sms = a.sm_count > 0 ? a.sm_count : 132;
+  ScaledMmArgs q = a;
+  q.config = q.decomp = q.splits = q.swizzle = -1;
+  // 96-token plans where a wave-fit config would take 128 whole tokens: run that (M = 80 to 96,
+  // N = 10240: 27.3 to 27.5 us against 29.3 to 30.3 on the partial 96-token tiles).
+  if (M > 64 && M <= 96 && available >= widest) {
+    q.M = widest;
+    if (wave_fit_config(q, sms) >= 0) return widest;
+    q.M = M;
+  }
+  const int64_t tile = token_tile(pick_plan(q).config);
+  return tile - M >= kMinMissingRows && tile <= available ? tile : M;
 }
 
 }  // namespace
@@ -241,6 +286,8 @@ int sm90_fp8_auto_config(const ScaledMmArgs& a, int* decomposition, int* splits,
   *swizzle = p.opts.swizzle;
   return p.config;
 }
+
+int64_t sm90_fp8_token_rows(const ScaledMmArgs& a, int64_t available) { return sm90::token_rows(a, available); }
 
 int sm90_fp8_config_count() { return sm90::kNumConfigs + sm90::kSmallMConfigs; }
 

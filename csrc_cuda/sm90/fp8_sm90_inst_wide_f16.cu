@@ -1,7 +1,8 @@
-// Instantiates the swapped 64-row config with 128-token tiles (64 < M <= 128) for f16
+// Instantiates the swapped 64-row configs with 96- and 128-token tiles (64 < M <= 128) for f16
 // output. One TU per group and output type, so a parallel build spreads the CUTLASS instantiations
 // over cores.
 #include "fp8_sm90_kernel.cuh"
 namespace qb::sm90 {
+QB_SM90_INSTANTIATE(kSwap64x96Ping, 1)
 QB_SM90_INSTANTIATE(kSwap64x128Ping, 1)
 }  // namespace qb::sm90
