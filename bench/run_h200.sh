@@ -38,7 +38,7 @@ for step in $steps; do
     ab)  # interleaved A/B of the dispatcher's choice against forced configs, M >= 64
       timeout 300 python3 bench/ab_configs.py --ms ${AB_MS:-64,128,256,512,1024,2048} 2>&1 ;;
     tokens)  # token counts between the tiles: partial tiles against whole ones, and the provider's whole-tile path
-      timeout 200 python3 bench/probe_partial_token_tiles.py --ms 36,40,72,96,112 --shapes 4096:14336,8192:8192,6144:4096,10240:8192 2>&1 ;;
+      timeout 200 python3 bench/probe_partial_token_tiles.py --ms 36,40,66,72,80,88,96,104 --shapes 4096:14336,8192:8192,6144:4096,10240:8192 2>&1 ;;
     qbench)
       timeout 120 python3 bench/bench_quantize.py --out "$OUT/quantize_h200.json" 2>&1 ;;
     bench)
@@ -48,12 +48,10 @@ for step in $steps; do
         gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,sm__throughput.avg.pct_of_peak_sustained_elapsed \
         python3 bench/profile_small_m.py > "$OUT/ncu_small_m_raw.csv" 2>&1
       python3 bench/profile_small_m.py --summarize "$OUT/ncu_small_m_raw.csv" > "$OUT/ncu_small_m.csv"; cat "$OUT/ncu_small_m.csv" ;;
-    ncu_detail)  # full sections for one small-M point against cuBLASLt, and config 3 at N = 10240
+    ncu_detail)  # full sections for one small-M point against cuBLASLt
       S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy --section SchedulerStats"
       timeout 200 ncu --clock-control none $S -k regex:"device_kernel|nvjet|small_m" python3 bench/profile_small_m.py \
-        --points 1:4096:4096 --impls qbackend,tensorwise > "$OUT/ncu_detail_m1_4096x4096_h200.txt" 2>&1
-      timeout 200 ncu --clock-control none $S -k regex:"device_kernel|nvjet" python3 bench/profile_small_m.py \
-        --points 16:10240:8192 --config 3 --impls qbackend,tensorwise > "$OUT/ncu_detail_m16_10240x8192_cfg3_h200.txt" 2>&1 ;;
+        --points 1:4096:4096 --impls qbackend,tensorwise > "$OUT/ncu_detail_m1_4096x4096_h200.txt" 2>&1 ;;
     ncu_marlin)  # full sections for the marlin sm80 kernel and bf16 torch.mm on three small-M points
       S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy --section SchedulerStats --section InstructionStats --section SourceCounters"
       timeout 200 ncu --clock-control none $S --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \

@@ -224,6 +224,16 @@ int scaled_mm_impl(const void* a, int64_t lda, const void* b, int64_t ldb, void*
   return family_run(fam, args, err);
 }
 
+// A problem's shape alone, for the questions answered without a GPU (no pointers, no stream).
+[[maybe_unused]] qb::ScaledMmArgs shape_only(int64_t M, int64_t N, int64_t K, int sm_count) {
+  qb::ScaledMmArgs args{};
+  args.M = M;
+  args.N = N;
+  args.K = K;
+  args.sm_count = sm_count;
+  return args;
+}
+
 }  // namespace
 
 extern "C" int qb_scaled_mm(const void* a, int64_t lda, const void* b, int64_t ldb, void* out, int64_t ldo,
@@ -309,15 +319,9 @@ extern "C" int qb_scaled_mm_auto_config(int64_t M, int64_t N, int64_t K, int a_d
                  dtype_name(a_dtype));
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
-    case QB_VARIANT_SM90: {
-      qb::ScaledMmArgs args{};
-      args.M = M;
-      args.N = N;
-      args.K = K;
-      args.sm_count = sm_count;
-      *config = qb::sm90_fp8_auto_config(args, decomposition, splits, swizzle);
+    case QB_VARIANT_SM90:
+      *config = qb::sm90_fp8_auto_config(shape_only(M, N, K, sm_count), decomposition, splits, swizzle);
       return QB_OK;
-    }
 #endif
     default:
       return e.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm_auto_config: only the sm90 FP8 family (variant 90) says its choice");
@@ -331,14 +335,8 @@ extern "C" int64_t qb_scaled_mm_token_rows(int64_t M, int64_t N, int64_t K, int 
     return M;
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
-    case QB_VARIANT_SM90: {
-      qb::ScaledMmArgs args{};
-      args.M = M;
-      args.N = N;
-      args.K = K;
-      args.sm_count = sm_count;
-      return qb::sm90_fp8_token_rows(args, rows_available);
-    }
+    case QB_VARIANT_SM90:
+      return qb::sm90_fp8_token_rows(shape_only(M, N, K, sm_count), rows_available);
 #endif
     default:
       return M;
