@@ -41,3 +41,28 @@ def test_extend_rows_refuses_rows_past_the_storage():
     # an offset view whose extension would run past the end
     assert _extend_rows(torch.empty(150, 64)[30:102], 128) is None
     assert _extend_rows(torch.empty(72, 64), 72) is None and _extend_rows(torch.empty(72), 128) is None
+
+
+def test_gemm_rows_asks_the_library_with_the_rows_both_storages_hold(monkeypatch):
+    """The provider's glue, on CPU tensors: the rows A's and scale_a's storages hold go to
+    native.token_rows, whose answer (the library's rule, when it is built) is the GEMM's row count."""
+    from qbackend_providers import cutlass, native
+    asked = []
+
+    def token_rows(M, N=0, K=0, sm_count=0, rows_available=0, **kw):
+        asked.append((M, N, K, sm_count, rows_available))
+        return 128 if N == 0 else min(96, rows_available)
+
+    monkeypatch.setattr(native, "token_rows", token_rows)
+    provider = cutlass.CutlassProvider()
+    monkeypatch.setattr(provider, "_sm90", lambda device: 132)
+    a = torch.empty(128, 4096, dtype=torch.float8_e4m3fn)[:72]
+    assert provider._gemm_rows(a, torch.empty(128, 1)[:72], 4096) == 96
+    assert asked[-1] == (72, 4096, 4096, 132, 128)
+    assert provider._gemm_rows(a, torch.empty(100, 1)[:72], 4096) == 96     # scale_a holds 100 rows
+    assert asked[-1][-1] == 100
+    assert provider._gemm_rows(a, torch.empty(72, 1), 4096) == 72           # no spare scale rows: not asked
+    assert provider._gemm_rows(a, torch.empty(()), 4096) == 96              # a per-tensor scale has no rows
+    assert provider._gemm_rows(a.view(torch.int8), torch.empty(128, 1)[:72], 4096) == 72   # int8: never
+    monkeypatch.setattr(provider, "_sm90", lambda device: None)
+    assert provider._gemm_rows(a, torch.empty(128, 1)[:72], 4096) == 72     # not an sm_90a device
