@@ -61,6 +61,7 @@ HUGE_M = {
 SWAPPED = {
     "swap128x64/dp": ("swap_128x64x128_coop", 0),
     "swap64x96/dp": ("swap_64x96x128_ping", 0),
+    "swap64x64c2/dp": ("swap_64x64x128_ping_c1x2", 0),
     "swap64x128/dp": ("swap_64x128x128_ping", 0),
 }
 SMALL_M = {

@@ -43,8 +43,9 @@ SM90_AUTO = [
     ((72, 4096, 14336), ("swap_64x96x128_ping", 0, None, None)),  # 64 < M <= 96: 96-token tiles
     ((72, 10240, 8192), ("swap_64x96x128_ping", 0, None, None)),  # no 96-wide wave fit on partial tiles
     ((72, 57344, 8192), ("128x224x128_coop", 0, None, 1)),        # but the 224-wide one
-    ((97, 4096, 4096), ("swap_64x128x128_ping", 0, None, None)),
-    ((128, 4096, 4096), ("swap_64x128x128_ping", 0, None, None)),
+    ((97, 4096, 4096), ("swap_64x64x128_ping_c1x2", 0, None, None)),   # 64-token tiles in pairs: 128 CTAs
+    ((128, 4096, 4096), ("swap_64x64x128_ping_c1x2", 0, None, None)),
+    ((128, 6144, 4096), ("swap_64x128x128_ping", 0, None, None)),       # pairs would need 192 CTAs
     ((128, 10240, 8192), ("128x96x128_coop", 0, None, 1)),        # wave fit: 107 tiles, one wave
     ((128, 57344, 8192), ("128x224x128_coop", 0, None, 1)),       # equal fill: tokens read 3.5x less
     ((128, 8192, 8192), ("swap_64x128x128_ping", 0, None, None)),  # 224 wide fills worse
@@ -94,6 +95,8 @@ def test_sm90_automatic_choice_is_a_listed_config_everywhere():
                     assert got["swizzle"] in (1, 2, 4, 8), got
                 if got["config"] in ("128x96x128_coop", "128x192x128_coop"):
                     assert 96 < M <= 512, (M, N, K, sms, got)
+                if got["config"] == "swap_64x64x128_ping_c1x2":
+                    assert 96 < M <= 128 and 2 * -(-N // 64) <= sms, (M, N, K, sms, got)
                 if got["config"] == "64x80x128_ping":
                     assert 32 < M <= 64, (M, N, K, sms, got)
                 if got["config"] == "128x224x128_coop":

@@ -44,6 +44,14 @@ double wave_efficiency(int64_t tiles, int sms) {
 //             for 64 < M <= 96: the 128-token ones spend x1.2 to x1.5 the time there on filling the
 //             rows past M (M = 72: 21.3 against 32.5 us at 4096 x 14336, 11.1 against 14.3 at
 //             6144 x 4096; see token_rows for the fill).
+//             96 < M <= 128 where two CTAs per 64-row weight tile fit on the SMs (N <= 4224 on 132):
+//             64-token tiles in 1x2 clusters, the pair sharing each weight tile through TMA multicast,
+//             so twice the SMs multiply while HBM and L2 deliver each weight tile once. M = 128:
+//             20.2 / 21.0 us (two runs) against 23.6 / 27.1 for the 128-token tiles at 4096 x 14336
+//             (cuBLASLt tensorwise 21.6 / 22.4), 7.2 / 7.5 against 8.2 / 8.6 at 4096 x 4096; without
+//             the clusters the pair of CTAs reads each tile twice (22.8 and 8.4 in the first run). Where the pairs need a second wave they lost:
+//             N = 6144: 10.9 against 10.4, N = 8192: 23.9 against 22.9. Not for M <= 96, whose second
+//             token tile would miss 32 rows or more (M = 96: 25.8 against 20.7 for 96-token tiles).
 //   M <= 256  N <= 4096: swapped 128x64 cooperative tiles (data-parallel); a last wave under 75 %
 //             full: 128x128 cooperative with stream-K; otherwise 128x128 ping-pong (cluster 2x1).
 //   larger    128x128 ping-pong (cluster 2x1). A ragged last wave does not call for stream-K here:
@@ -152,10 +160,12 @@ Plan pick_plan(const ScaledMmArgs& a) {
   const int64_t tiles128 = cdiv(a.M, 256) * 2 * cdiv(a.N, 128);  // cluster 2x1: M tiles in pairs
   const bool ragged_last_wave = tiles128 > sms && wave_efficiency(tiles128, sms) < 0.75;
   if (a.M <= 128) {
+    const bool pairs_fit = 2 * cdiv(a.N, kConfigs[kSwap64x64PingTokenPair].tile_m) <= sms;
     p.config = a.M <= 16   ? kSwap64x16Ping
                : a.M <= 32 ? kSwap64x32Ping
                : a.M <= 64 ? kSwap64x64Ping
                : a.M <= 96 ? kSwap64x96Ping
+               : pairs_fit ? kSwap64x64PingTokenPair
                            : kSwap64x128Ping;
   } else if (a.M <= 256) {
     if (a.N <= 4096) {
@@ -221,7 +231,8 @@ int64_t token_rows(const ScaledMmArgs& a, int64_t available) {
     q.M = M;
   }
   const int64_t tile = token_tile(pick_plan(q).config);
-  return tile - M >= kMinMissingRows && tile <= available ? tile : M;
+  const int64_t whole = cdiv(M, tile) * tile;  // two 64-token tiles for the paired configs
+  return whole - M >= kMinMissingRows && whole <= available ? whole : M;
 }
 
 }  // namespace
