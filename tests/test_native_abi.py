@@ -52,7 +52,8 @@ SM90_AUTO = [
     ((256, 6144, 4096), ("128x96x128_coop", 0, None, 1)),
     ((256, 10240, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),  # 128 tiles of 160: one wave
     ((256, 57344, 8192), ("128x128x128_ping_c2x1", 0, None, 1)),   # 160 wide fills worse
-    ((256, 4096, 4096), ("swap_128x64x128_coop", 0, None, 1)),
+    ((256, 4096, 4096), ("swap_64x128x128_ping", 0, None, 1)),    # two 128-token tiles, nearly whole
+    ((200, 4096, 4096), ("swap_128x64x128_coop", 0, None, 1)),
     ((512, 10240, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),  # two waves of 160 against three
     ((1024, 10240, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),  # equal fill: the wider tile
     ((2048, 8192, 8192), ("128x128x128_ping_c2x1", 0, None, 1)),

@@ -23,6 +23,18 @@ const RunFn kRun[kNumConfigs][2] = {QB_SM90_FP8_CONFIGS(QB_RUN)};
 const WsFn kWs[kNumConfigs][2] = {QB_SM90_FP8_CONFIGS(QB_WS)};
 #undef QB_WS
 
+// Whole token tiles. The TMA copy of a token tile that reaches past the last row of A fills the
+// missing rows with zeros, and that fill is slow when many rows are missing: on the H200, x1.4 to
+// x1.5 the time of the same GEMM on whole tiles at M = 72 with 128-token tiles, x1.1 to x1.2 at
+// M = 66 with 96-token ones, 5 to 10 % at M = 40 with 64-token ones; no consistent cost with fewer
+// than 24 rows missing (M = 112 on 128-token tiles: whole ones 3 % faster on average over four
+// shapes, 14 % slower on one; M = 48 and 56 on 64: within 3 %) nor in the small-M kernel's tiles
+// (M <= 32). (bench/results/scaled_mm_ab_h200.log, the partial token tiles sections.)
+constexpr int64_t kMinMissingRows = 24;
+
+// Tokens per tile of a config: the swapped configs' tile_n, the others' tile_m.
+int64_t token_tile(int config) { return kConfigs[config].swap ? kConfigs[config].tile_n : kConfigs[config].tile_m; }
+
 struct Plan {
   int config;
   RunOpts opts;
@@ -52,7 +64,9 @@ double wave_efficiency(int64_t tiles, int sms) {
 //             the clusters the pair of CTAs reads each tile twice (22.8 and 8.4 in the first run). Where the pairs need a second wave they lost:
 //             N = 6144: 10.9 against 10.4, N = 8192: 23.9 against 22.9. Not for M <= 96, whose second
 //             token tile would miss 32 rows or more (M = 96: 25.8 against 20.7 for 96-token tiles).
-//   M <= 256  N <= 4096: swapped 128x64 cooperative tiles (data-parallel); a last wave under 75 %
+//   M <= 256  N <= 4096: swapped 128x64 cooperative tiles (data-parallel), or where two 128-token
+//             tiles miss fewer than kMinMissingRows rows, swapped 64x128 ping-pong ones (M = 256:
+//             10.5 / 30.1 us against 11.4 / 32.3 at 4096 x 4096 / 4096 x 14336); a last wave under 75 %
 //             full: 128x128 cooperative with stream-K; otherwise 128x128 ping-pong (cluster 2x1).
 //   larger    128x128 ping-pong (cluster 2x1). A ragged last wave does not call for stream-K here:
 //             at 512x6144x4096 (192 tiles, last wave 45 % full) 128x128 stream-K took 31.4 us, the
@@ -169,7 +183,7 @@ Plan pick_plan(const ScaledMmArgs& a) {
                            : kSwap64x128Ping;
   } else if (a.M <= 256) {
     if (a.N <= 4096) {
-      p.config = kSwap128x64Coop;
+      p.config = a.M > 256 - kMinMissingRows ? kSwap64x128Ping : kSwap128x64Coop;
     } else if (ragged_last_wave) {
       p.config = kCoop128x128;
       p.opts.decomp = Decomp::StreamK;
@@ -203,16 +217,6 @@ Plan make_plan(const ScaledMmArgs& a) {
   return p;
 }
 
-// Whole token tiles. The TMA copy of a token tile that reaches past the last row of A fills the
-// missing rows with zeros, and that fill is slow when many rows are missing: on the H200, x1.4 to
-// x1.5 the time of the same GEMM on whole tiles at M = 72 with 128-token tiles, x1.1 to x1.2 at
-// M = 66 with 96-token ones, 5 to 10 % at M = 40 with 64-token ones; nothing measurable with fewer
-// than 24 rows missing (M = 104 on 128, M = 41 to 63 on 64) nor in the small-M kernel's tiles
-// (M <= 32). (bench/results/scaled_mm_ab_h200.log, the partial token tiles sections.)
-constexpr int64_t kMinMissingRows = 24;
-
-// Tokens per tile of a config: the swapped configs' tile_n, the others' tile_m.
-int64_t token_tile(int config) { return kConfigs[config].swap ? kConfigs[config].tile_n : kConfigs[config].tile_m; }
 
 int64_t token_rows(const ScaledMmArgs& a, int64_t available) {
   const int64_t M = a.M;
