@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck python tests/gpu/memcheck_native.py [scaled_mm] [quantize] [marlin]
 
 Runs every built scaled_mm family (partial tiles in M, N and K, sliced A, bias, split-K; the SM90
-small-M kernel forced at two cluster splits, the wave-fit tiles forced), every quantize mode
+small-M kernel forced at two cluster splits, the wave-fit tiles and the swapped 96-token and paired
+64-token tiles forced), every quantize mode
 (vector and scalar paths, sliced rows) and both marlin families (every m16-tile count, partial
 tiles, split-K with several contributors per column, column-aligned block runs, sliced A) once;
 prints "memcheck workload done".
@@ -58,6 +59,11 @@ def scaled_mm_part():
                 for decomp in (0, 2):
                     native.override(names.index(name), decomp, -1, -1)
                     _scaled_mm_calls(F8, 90, ((70, 1040, 4112), (300, 2064, 1040)))
+            # The swapped 96-token tiles and the 64-token tiles in 1x2 clusters: partial token tiles,
+            # a cluster whose second CTA has no tokens (M <= 64), N and K past the tiles' ends.
+            for name in ("swap_64x96x128_ping", "swap_64x64x128_ping_c1x2"):
+                native.override(names.index(name), 0, -1, -1)
+                _scaled_mm_calls(F8, 90, ((40, 1040, 4112), (70, 2064, 1040), (113, 4080, 272), (300, 272, 1040)))
         finally:
             native.override()
 
