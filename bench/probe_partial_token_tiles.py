@@ -38,10 +38,10 @@ FORCED = ("swap_64x128x128_ping", "swap_64x96x128_ping", "swap_64x64x128_ping")
 
 
 def token_tile(M: int) -> int:
-    """Rows of the token tile that covers M tokens in the dispatcher's swapped configs."""
+    """Rows of the whole token tiles that cover M tokens in the dispatcher's configs."""
     if M <= 64:
         return max(8, 1 << (M - 1).bit_length())
-    return 96 if M <= 96 else 128
+    return 96 if M <= 96 else -(-M // 128) * 128
 
 
 def main():
@@ -66,9 +66,10 @@ def main():
                     native.override()
             res["tensorwise"] = graph_time(prob.fns("torch._scaled_mm.tensorwise", M, ab, af, sa), 8.0)
             rows = token_tile(M)
-            a_pad = torch.zeros(128, K, device="cuda", dtype=F8)
+            top = max(128, rows)
+            a_pad = torch.zeros(top, K, device="cuda", dtype=F8)
             a_pad[:M] = af
-            s_pad = torch.ones(128, 1, device="cuda")
+            s_pad = torch.ones(top, 1, device="cuda")
             s_pad[:M] = sa
             res["padded"] = graph_time(prob.fns("qbackend.cutlass", rows, None, a_pad[:rows], s_pad[:rows]), 8.0)
             if rows < 128 and M > 64:

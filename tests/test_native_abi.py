@@ -120,7 +120,12 @@ TOKEN_ROWS = [
     ((36, 4096, 4096, 64), 64),      # 64-token tiles
     ((41, 4096, 4096, 64), 41),
     ((16, 4096, 4096, 64), 16),      # the small-M kernel: no cost measured
-    ((200, 4096, 4096, 256), 200),   # above 128: not measured, not padded
+    ((200, 4096, 4096, 256), 256),   # four 64-token tiles missing 56 rows: 256, on two 128-token tiles
+    ((150, 4096, 4096, 256), 192),   # three 64-token tiles, the last missing 42 rows
+    ((200, 10240, 8192, 256), 256),  # two 128-token tiles
+    ((200, 4096, 4096, 255), 200),
+    ((240, 4096, 4096, 256), 240),   # 16 rows missing
+    ((300, 4096, 4096, 512), 300),   # above 256: not measured, not padded
     ((72, 100, 4096, 128), 72),      # N not a multiple of 16: not an error here, just no padding
 ]
 
@@ -137,10 +142,11 @@ def test_sm90_token_rows_for_an_activation_buffer():
     """N = 0: the rows quantize gives FP8 activations, the most any GEMM of M tokens asks for."""
     if not native.has_variant("scaled_mm_fp8", 90):
         pytest.skip("sm_90a family not built")
-    rows = {M: native.token_rows(M) for M in range(1, 300)}
-    assert {M for M, r in rows.items() if r != M} == set(range(33, 41)) | set(range(65, 105))
+    rows = {M: native.token_rows(M) for M in range(1, 400)}
+    assert {M for M, r in rows.items() if r != M} == set(range(33, 41)) | set(range(65, 105)) | set(range(129, 233))
     assert {rows[M] for M in range(33, 41)} == {64} and {rows[M] for M in range(65, 105)} == {128}
-    for M in range(33, 129):  # never fewer rows than some N asks for
+    assert {rows[M] for M in range(129, 233)} == {256}
+    for M in range(33, 257):  # never fewer rows than some N asks for
         for N, K in ((4096, 14336), (10240, 8192), (57344, 8192), (6144, 4096)):
             assert native.token_rows(M, N, K, 132, 1 << 20) <= rows[M], (M, N, K)
 

@@ -29,7 +29,8 @@ const WsFn kWs[kNumConfigs][2] = {QB_SM90_FP8_CONFIGS(QB_WS)};
 // M = 66 with 96-token ones, 5 to 10 % at M = 40 with 64-token ones; no consistent cost with fewer
 // than 24 rows missing (M = 112 on 128-token tiles: whole ones 3 % faster on average over four
 // shapes, 14 % slower on one; M = 48 and 56 on 64: within 3 %) nor in the small-M kernel's tiles
-// (M <= 32). (bench/results/scaled_mm_ab_h200.log, the partial token tiles sections.)
+// (M <= 32). Above 128 tokens: M = 200 took 13.3 / 39.3 us on 4096 x 4096 / 4096 x 14336 where
+// M = 256 took 10.4 / 30.7. (bench/results/scaled_mm_ab_h200.log, the partial token tiles sections.)
 constexpr int64_t kMinMissingRows = 24;
 
 // Tokens per tile of a config: the swapped configs' tile_n, the others' tile_m.
@@ -220,8 +221,9 @@ Plan make_plan(const ScaledMmArgs& a) {
 
 int64_t token_rows(const ScaledMmArgs& a, int64_t available) {
   const int64_t M = a.M;
-  if (M <= 32 || M > 128) return M;
-  const int64_t widest = M <= 64 ? token_tile(kSwap64x64Ping) : token_tile(kSwap64x128Ping);
+  if (M <= 32 || M > 256) return M;
+  const int64_t tile128 = token_tile(kSwap64x128Ping);
+  const int64_t widest = M <= 64 ? token_tile(kSwap64x64Ping) : cdiv(M, tile128) * tile128;  // 64, 128 or 256
   // For an activation buffer (N unknown): the widest tile any plan for M may run whole, below.
   if (a.N == 0) return M <= 96 && M > 64 ? widest : widest - M >= kMinMissingRows ? widest : M;
   const int sms = a.sm_count > 0 ? a.sm_count : 132;

@@ -82,7 +82,7 @@ def test_cutlass_fp8_through_api(monkeypatch, variant, M):
 
 @pytest.mark.skipif(SM != (9, 0), reason="whole token tiles are asked for by the sm_90a kernels only")
 @pytest.mark.parametrize("N", [4096, 10240])
-@pytest.mark.parametrize("M", [33, 40, 41, 65, 72, 73, 80, 96, 104, 105, 112])
+@pytest.mark.parametrize("M", [33, 40, 41, 65, 72, 73, 80, 96, 104, 105, 112, 150, 200, 240])
 def test_whole_token_tiles(monkeypatch, M, N):
     """quantize leaves storage for whole token tiles where the library asks for it
     (native.token_rows), and scaled_mm then runs the GEMM on as many of those rows as the library
