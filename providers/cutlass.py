@@ -157,9 +157,9 @@ class CutlassProvider(Provider):
         M = x2.shape[0]
         # FP8 activations for the sm_90a GEMM get storage for whole token tiles (rows past M left
         # unwritten), so that the GEMM can run on whole tiles (native.token_rows).
-        rows = M
-        if dtype == qd.E4M3 and native.token_rows(M) != M and self._sm90(x.device) is not None:
-            rows = native.token_rows(M)
+        rows = native.token_rows(M) if dtype == qd.E4M3 else M
+        if rows != M and self._sm90(x.device) is None:
+            rows = M
         q = torch.empty((rows, x2.shape[1]), dtype=dtype, device=x.device)[:M]
         workspace = None
         if scale is not None:

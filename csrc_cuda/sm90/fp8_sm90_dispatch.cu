@@ -62,9 +62,10 @@ double wave_efficiency(int64_t tiles, int sms) {
 //             so twice the SMs multiply while HBM and L2 deliver each weight tile once. M = 128:
 //             20.2 / 21.0 us (two runs) against 23.6 / 27.1 for the 128-token tiles at 4096 x 14336
 //             (cuBLASLt tensorwise 21.6 / 22.4), 7.2 / 7.5 against 8.2 / 8.6 at 4096 x 4096; without
-//             the clusters the pair of CTAs reads each tile twice (22.8 and 8.4 in the first run). Where the pairs need a second wave they lost:
-//             N = 6144: 10.9 against 10.4, N = 8192: 23.9 against 22.9. Not for M <= 96, whose second
-//             token tile would miss 32 rows or more (M = 96: 25.8 against 20.7 for 96-token tiles).
+//             the clusters the pair of CTAs reads each tile twice (22.8 and 8.4 in the first run).
+//             Where the pairs need a second wave they lost: N = 6144: 10.9 against 10.4, N = 8192:
+//             23.9 against 22.9. Not for M <= 96, whose second token tile would miss 32 rows or more
+//             (M = 96: 25.8 against 20.7 for 96-token tiles).
 //   M <= 256  N <= 4096: swapped 128x64 cooperative tiles (data-parallel), or where two 128-token
 //             tiles miss fewer than kMinMissingRows rows, swapped 64x128 ping-pong ones (M = 256:
 //             10.5 / 30.1 us against 11.4 / 32.3 at 4096 x 4096 / 4096 x 14336); a last wave under 75 %
@@ -217,7 +218,6 @@ Plan make_plan(const ScaledMmArgs& a) {
   if (!kConfigs[p.config].streamk) p.opts.decomp = Decomp::DataParallel;
   return p;
 }
-
 
 int64_t token_rows(const ScaledMmArgs& a, int64_t available) {
   const int64_t M = a.M;
