@@ -29,6 +29,7 @@ from qbackend_providers import native
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scaled_mm import SHAPES, Problem  # noqa: E402
+from timing import captured  # noqa: E402
 
 IMPLS = ("qbackend.cutlass", "torch._scaled_mm.rowwise", "torch._scaled_mm.tensorwise")
 DEFAULT_POINTS = [(m, n, k) for m in (128, 512, 4096, 8192) for n, k in SHAPES]
@@ -88,26 +89,10 @@ class Sampler:
         self.t.join()
 
 
-def sustained(fns: list, seconds: float, sms: int) -> tuple:
+def sustained(fns: list, seconds: float) -> tuple:
     """(us per call, mean SM MHz, mean W) over `seconds` of replaying one graph of fns."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
+    g, per_replay_ms = captured(fns)
     st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    st.record()
-    g.replay()
-    en.record()
-    torch.cuda.synchronize()
-    per_replay_ms = max(st.elapsed_time(en), 1e-3)
     reps = max(1, int(seconds * 1e3 / per_replay_ms))
     with Sampler() as smp:
         st.record()
@@ -129,7 +114,7 @@ def power(points: list, seconds: float) -> None:
             ab, af, sa = prob.inputs(M)
             res = {impl: [] for impl in IMPLS}
             for impl in IMPLS + IMPLS[::-1]:
-                res[impl].append(sustained(prob.fns(impl, M, ab, af, sa), seconds, sms))
+                res[impl].append(sustained(prob.fns(impl, M, ab, af, sa), seconds))
             for impl, runs in res.items():
                 cells = []
                 for us, mhz, watts in runs:

@@ -17,8 +17,9 @@ import torch
 TARGET_MS = 20.0
 
 
-def graph_time(fns: list, target_ms: float = TARGET_MS) -> float:
-    """Median microseconds per call of fns[i]() (each one call), replayed from one CUDA graph."""
+def captured(fns: list) -> tuple:
+    """(graph, milliseconds per replay): one call of each fns[i]() captured in one CUDA graph, after a
+    warm-up on a side stream; the first replay (setup) is not the one timed."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -36,7 +37,13 @@ def graph_time(fns: list, target_ms: float = TARGET_MS) -> float:
     g.replay()
     en.record()
     torch.cuda.synchronize()
-    one = max(st.elapsed_time(en), 1e-3)
+    return g, max(st.elapsed_time(en), 1e-3)
+
+
+def graph_time(fns: list, target_ms: float = TARGET_MS) -> float:
+    """Median microseconds per call of fns[i]() (each one call), replayed from one CUDA graph."""
+    g, one = captured(fns)
+    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     reps = max(1, min(200, int(target_ms / one)))
     ts = []
     for _ in range(5):
