@@ -49,17 +49,22 @@ def kernel_names(fn) -> list:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-def list_kernels(points: list) -> None:
+def problems(points: list):
+    """(problem, M, inputs) for each point, one Problem (its rotated weights) per (N, K) at a time."""
     for (N, K) in dict.fromkeys((n, k) for _, n, k in points):
         prob = Problem(N, K, want_bf16=False)
         for M in sorted(m for m, n, k in points if (n, k) == (N, K)):
-            ab, af, sa = prob.inputs(M)
-            ours = native.auto_config(M, N, K, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
-            names = {impl: kernel_names(prob.fns(impl, M, ab, af, sa)[0]) for impl in IMPLS[1:]}
-            print(f"M={M} N={N} K={K} qbackend={ours['config']}/d{ours['decomposition']}/sw{ours['swizzle']} "
-                  + " ".join(f"{impl.split('.')[-1]}={'+'.join(ks)}" for impl, ks in names.items()), flush=True)
+            yield prob, M, prob.inputs(M)
         del prob
         torch.cuda.empty_cache()
+
+
+def list_kernels(points: list, sms: int) -> None:
+    for prob, M, (ab, af, sa) in problems(points):
+        ours = native.auto_config(M, prob.N, prob.K, sm_count=sms)
+        names = {impl: kernel_names(prob.fns(impl, M, ab, af, sa)[0]) for impl in IMPLS[1:]}
+        print(f"M={M} N={prob.N} K={prob.K} qbackend={ours['config']}/d{ours['decomposition']}/sw{ours['swizzle']} "
+              + " ".join(f"{impl.split('.')[-1]}={'+'.join(ks)}" for impl, ks in names.items()), flush=True)
 
 
 class Sampler:
@@ -106,25 +111,20 @@ def sustained(fns: list, seconds: float) -> tuple:
     return us, statistics.mean(smp.clock[q:]), statistics.mean(smp.power[q:])
 
 
-def power(points: list, seconds: float) -> None:
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for (N, K) in dict.fromkeys((n, k) for _, n, k in points):
-        prob = Problem(N, K, want_bf16=False)
-        for M in sorted(m for m, n, k in points if (n, k) == (N, K)):
-            ab, af, sa = prob.inputs(M)
-            res = {impl: [] for impl in IMPLS}
-            for impl in IMPLS + IMPLS[::-1]:
-                res[impl].append(sustained(prob.fns(impl, M, ab, af, sa), seconds))
-            for impl, runs in res.items():
-                cells = []
-                for us, mhz, watts in runs:
-                    tflops = 2 * M * N * K / us / 1e6
-                    per_cycle = tflops * 1e12 / (mhz * 1e6 * sms)
-                    cells.append(f"{us:8.1f} us {tflops:6.0f} TF/s {mhz:5.0f} MHz {watts:4.0f} W "
-                                 f"{per_cycle:5.0f} FLOP/SM/cycle")
-                print(f"M={M} N={N} K={K} {impl:28s} " + " | ".join(cells), flush=True)
-        del prob
-        torch.cuda.empty_cache()
+def power(points: list, seconds: float, sms: int) -> None:
+    for prob, M, (ab, af, sa) in problems(points):
+        flop = 2 * M * prob.N * prob.K
+        res = {impl: [] for impl in IMPLS}
+        for impl in IMPLS + IMPLS[::-1]:
+            res[impl].append(sustained(prob.fns(impl, M, ab, af, sa), seconds))
+        for impl, runs in res.items():
+            cells = []
+            for us, mhz, watts in runs:
+                tflops = flop / us / 1e6
+                per_cycle = tflops * 1e12 / (mhz * 1e6 * sms)
+                cells.append(f"{us:8.1f} us {tflops:6.0f} TF/s {mhz:5.0f} MHz {watts:4.0f} W "
+                             f"{per_cycle:5.0f} FLOP/SM/cycle")
+            print(f"M={M} N={prob.N} K={prob.K} {impl:28s} " + " | ".join(cells), flush=True)
 
 
 def main():
@@ -137,10 +137,11 @@ def main():
     if native.load() is None:
         sys.exit(f"native library unavailable: {native.load_error()}")
     points = parse_points(args.points)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     if args.kernels:
-        list_kernels(points)
+        list_kernels(points, sms)
     if args.power:
-        power(points, args.seconds)
+        power(points, args.seconds, sms)
 
 
 if __name__ == "__main__":
