@@ -43,6 +43,13 @@ WAVE_FIT = {
 WAVE_FIT_FROM_M = {label: 129 if label.startswith("ping") else 65 for label in WAVE_FIT}
 # Tokens on the tile's 64-row side, 80 channels wide: for 32 < M <= 64.
 ONE_TOKEN_TILE = {"ping64x80/dp": ("64x80x128_ping", 0)}
+# Tokens on the 64-row side in 2x1 clusters, the pair of token tiles sharing each weight tile: for
+# 96 < M <= 128 (below that the second token tile would miss 32 rows or more).
+TOKEN_PAIRS = {
+    "ping64x96c2/dp": ("64x96x128_ping_c2x1", 0),
+    "ping64x160c2/dp": ("64x160x128_ping_c2x1", 0),
+    "ping64x224c2/dp": ("64x224x128_ping_c2x1", 0),
+}
 LARGE_M = {
     "auto": None,
     "ping128x128/dp": ("128x128x128_ping_c2x1", 0),
@@ -74,6 +81,7 @@ SMALL_M = {
     "coop128x128/streamk": ("128x128x128_coop", 2),
     **WAVE_FIT,
     **ONE_TOKEN_TILE,
+    **TOKEN_PAIRS,
     "stream64/s1": ("stream_64", 0, 1, -1),
     "stream64/s2": ("stream_64", 0, 2, -1),
     "stream128/s1": ("stream_128", 0, 1, -1),
@@ -108,6 +116,8 @@ def candidates(M: int) -> dict:
                 return M <= 64
             if label in ONE_TOKEN_TILE:
                 return 32 < M <= 64
+            if label in TOKEN_PAIRS:
+                return 96 < M
             if label in WAVE_FIT:
                 return M >= WAVE_FIT_FROM_M[label]
             return True

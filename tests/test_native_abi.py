@@ -45,9 +45,11 @@ SM90_AUTO = [
     ((72, 57344, 8192), ("128x224x128_coop", 0, None, 1)),        # but the 224-wide one
     ((97, 4096, 4096), ("swap_64x64x128_ping_c1x2", 0, None, None)),   # 64-token tiles in pairs: 128 CTAs
     ((128, 4096, 4096), ("swap_64x64x128_ping_c1x2", 0, None, None)),
-    ((128, 6144, 4096), ("swap_64x128x128_ping", 0, None, None)),       # pairs would need 192 CTAs
-    ((128, 10240, 8192), ("128x96x128_coop", 0, None, 1)),        # wave fit: 107 tiles, one wave
-    ((128, 57344, 8192), ("128x224x128_coop", 0, None, 1)),       # equal fill: tokens read 3.5x less
+    ((128, 6144, 4096), ("64x96x128_ping_c2x1", 0, None, 1)),     # swapped pairs would need 192 CTAs;
+    ((128, 10240, 8192), ("64x160x128_ping_c2x1", 0, None, 1)),   # token pairs sharing 96 / 160 / 224
+    ((112, 28672, 4096), ("64x224x128_ping_c2x1", 0, None, 1)),   # channels fill one wave (two at 28672)
+    ((128, 57344, 8192), ("64x224x128_ping_c2x1", 0, None, 1)),   # equal fill with 128x224: the pairs
+    ((90, 57344, 8192), ("128x224x128_coop", 0, None, 1)),        # no pairs up to M = 96
     ((128, 8192, 8192), ("swap_64x128x128_ping", 0, None, None)),  # 224 wide fills worse
     ((256, 6144, 4096), ("128x96x128_coop", 0, None, 1)),
     ((256, 10240, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),  # 128 tiles of 160: one wave
@@ -102,6 +104,8 @@ def test_sm90_automatic_choice_is_a_listed_config_everywhere():
                     assert 32 < M <= 64, (M, N, K, sms, got)
                 if got["config"] == "128x224x128_coop":
                     assert 64 < M <= 128, (M, N, K, sms, got)
+                if got["config"].startswith("64x") and got["config"].endswith("_c2x1"):  # two token tiles
+                    assert 96 < M <= 128, (M, N, K, sms, got)
                 if got["config"] == "128x160x128_ping_c2x1":  # its 2x1 clusters pair two token tiles
                     assert 128 < M <= 2048, (M, N, K, sms, got)
 

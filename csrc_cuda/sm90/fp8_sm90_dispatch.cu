@@ -121,7 +121,19 @@ double wave_efficiency(int64_t tiles, int sms) {
 //               once, like the swapped 64-row default, but reads the tokens once per 224 channels
 //               instead of once per 64. M = 128, N = 57344 (equal fill): 139.7 us against 148.3;
 //               N = 28672: 38.7 against 39.6.
-//             - Up to M = 96 only the 224-wide one: these 128-token tiles then miss 32 rows or more,
+//             - 96, 160 and 224 wide with 64 tokens on the tile's 64-row side, ping-pong in 2x1
+//               clusters (96 < M <= 128): the cluster pairs the two token tiles, and TMA multicasts
+//               each weight tile to both CTAs, so the weight is still read once while each SM holds
+//               half the tokens (cuBLASLt's tensorwise mode runs this decomposition at M = 128).
+//               The load counts tokens, so these beat the 128-token tiles where they fill as well
+//               with fewer token rows, and at equal load they are taken before the 128x224 tile.
+//               M = 112 / 128: N = 6144 (96 wide): 9.3 / 9.1 us against 11.2 / 10.2 for the swapped
+//               64x128 default (cuBLASLt tensorwise 10.0 / 9.7); N = 10240 (160): 26.9 / 28.5 (auto
+//               26.7 / 27.8) against 28.7 / 28.9 for 128x96 (27.0 / 27.1); N = 28672 (224): 37.8 /
+//               38.6 against 38.9 / 39.8 for 128x224 (38.2 / 40.1); N = 57344 (224): 133.9 / 137.6
+//               against 140.4 / 144.1 (141.1 / 147.9). Where they fill worse they lose (N = 8192,
+//               160 wide: 23.3 against 22.9 for the swapped default at M = 128).
+//             - Up to M = 96 only the 224-wide cooperative one: these 128-token tiles then miss 32 rows or more,
 //               which the 96- and 192-wide ones pay for and the 224-wide one does not (M = 72,
 //               N = 10240: 128x96 37.4 us against 32.0 for the swapped 96-token tiles; N = 57344:
 //               128x224 135.8 against 150.1). Given rows to spare, they run whole (token_rows).
@@ -134,18 +146,28 @@ int wave_fit_config(const ScaledMmArgs& a, int sms) {
   };
   static constexpr Candidate kOneTokenTile[] = {{kPing64x80, false}};
   static constexpr Candidate kPartialTokenTile[] = {{kCoop128x224, false}};
-  static constexpr Candidate kNarrowM[] = {{kCoop128x96, true}, {kCoop128x192, true}, {kCoop128x224, false}};
+  // At equal load the first listed of equal width wins: the 64-token pairs before the 128x224 tile.
+  static constexpr Candidate kNarrowM[] = {{kCoop128x96, true},          {kCoop128x192, true},
+                                           {kPing64x96Cluster2, false},  {kPing64x160Cluster2, false},
+                                           {kPing64x224Cluster2, false}, {kCoop128x224, false}};
   static constexpr Candidate kMidM[] = {{kCoop128x96, true}, {kCoop128x192, true}, {kPing128x160Cluster2, false}};
   static constexpr Candidate kLargeM[] = {{kPing128x160Cluster2, false}};
-  const int64_t token_tiles = cdiv(a.M, a.M <= 64 ? 64 : 128);
-  auto load = [&](int width) { return cdiv(token_tiles * cdiv(a.N, width), sms) * width; };
-  // The defaults' widths: the swapped tiles' 64 rows up to M = 128, 128 above.
-  const int64_t base = load(a.M <= 128 ? kConfigs[kSwap64x64Ping].tile_m : kConfigs[kPing128x128Cluster2].tile_n);
+  // The slowest SM's load in channel rows x token rows: waves x tile width x tile tokens. Tiles of up
+  // to 64 tokens count as 64, of more as 128 (the swapped defaults' 96-token tiles included).
+  auto load = [&](int width, int64_t tokens) {
+    tokens = a.M <= 64 || tokens <= 64 ? 64 : 128;
+    return cdiv(cdiv(a.M, tokens) * cdiv(a.N, width), sms) * width * tokens;
+  };
+  // The defaults: the swapped 64-row tiles up to M = 128 (in pairs of 64-token tiles where those
+  // fit, see pick_plan), 128 x 128 above.
+  const bool pairs = a.M > 96 && a.M <= 128 && 2 * cdiv(a.N, kConfigs[kSwap64x64PingTokenPair].tile_m) <= sms;
+  const int64_t base = a.M > 128 ? load(kConfigs[kPing128x128Cluster2].tile_n, 128)
+                                 : load(kConfigs[kSwap64x64Ping].tile_m, pairs ? 64 : 128);
   int best = -1;
   int64_t best_load = 0;
   auto consider = [&](const Candidate& c) {
     const int width = kConfigs[c.config].tile_n;
-    const int64_t l = load(width);
+    const int64_t l = load(width, token_tile(c.config));
     if (c.margin ? 5 * l > 4 * base : l > base) return;
     if (best < 0 || l < best_load || (l == best_load && width > kConfigs[best].tile_n)) {
       best = c.config;

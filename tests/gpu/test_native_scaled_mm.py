@@ -175,14 +175,16 @@ def test_every_config_and_decomposition(variant):
         native.override()
 
 
-# The wave-fit configs whose tiles are 80, 160 and 224 channels wide (extended wgmma shapes), and the
-# swapped 96-token tiles (64 < M <= 96) and 64-token tiles in pairs (96 < M <= 128), forced, at
+# The wave-fit configs whose tiles are 80, 160 and 224 channels wide (extended wgmma shapes), the
+# swapped 96-token tiles (64 < M <= 96), and 64-token tiles in pairs (96 < M <= 128), forced, at
 # shapes where the dispatcher picks them on 132 SMs, with N not a multiple of the tile width and a
 # partial last token tile: every scale combination, bias, both output dtypes, sliced A.
 WIDE_TILES = [("128x160x128_ping_c2x1", 250, 10224, 1040), ("128x160x128_ping_c2x1", 1000, 10240, 1056),
-              ("128x224x128_coop", 100, 28656, 1040), ("64x80x128_ping", 48, 10224, 1040),
+              ("128x224x128_coop", 90, 28656, 1040), ("64x80x128_ping", 48, 10224, 1040),
               ("swap_64x96x128_ping", 72, 4096, 14336), ("swap_64x96x128_ping", 93, 2064, 1040),
-              ("swap_64x64x128_ping_c1x2", 128, 4096, 14336), ("swap_64x64x128_ping_c1x2", 113, 4080, 1040)]
+              ("swap_64x64x128_ping_c1x2", 128, 4096, 14336), ("swap_64x64x128_ping_c1x2", 113, 4080, 1040),
+              ("64x96x128_ping_c2x1", 113, 6096, 1040), ("64x160x128_ping_c2x1", 120, 10224, 1040),
+              ("64x224x128_ping_c2x1", 100, 28656, 1040)]
 
 
 @pytest.mark.skipif(90 not in FP8_VARIANTS, reason="sm_90a family not built")
