@@ -41,6 +41,12 @@ struct Plan {
   RunOpts opts;
 };
 
+// Whether the swapped 64-row weight tiles, each shared by a pair of 64-token tiles in a 1x2 cluster,
+// fit in one wave: the default for 96 < M <= 128 where they do (see pick_plan).
+bool swapped_pairs_fit(const ScaledMmArgs& a, int sms) {
+  return 2 * cdiv(a.N, kConfigs[kSwap64x64PingTokenPair].tile_m) <= sms;
+}
+
 // Fraction of the last wave's SMs that have work, for `tiles` equal tiles on `sms` SMs.
 double wave_efficiency(int64_t tiles, int sms) {
   const int64_t waves = cdiv(tiles, sms);
@@ -133,8 +139,8 @@ double wave_efficiency(int64_t tiles, int sms) {
 //               38.6 against 38.9 / 39.8 for 128x224 (38.2 / 40.1); N = 57344 (224): 133.9 / 137.6
 //               against 140.4 / 144.1 (141.1 / 147.9). Where they fill worse they lose (N = 8192,
 //               160 wide: 23.3 against 22.9 for the swapped default at M = 128).
-//             - Up to M = 96 only the 224-wide cooperative one: these 128-token tiles then miss 32 rows or more,
-//               which the 96- and 192-wide ones pay for and the 224-wide one does not (M = 72,
+//             - Up to M = 96 only the 224-wide cooperative one: these 128-token tiles then miss 32
+//               rows or more, which the 96- and 192-wide ones pay for and the 224-wide one does not (M = 72,
 //               N = 10240: 128x96 37.4 us against 32.0 for the swapped 96-token tiles; N = 57344:
 //               128x224 135.8 against 150.1). Given rows to spare, they run whole (token_rows).
 //             (bench/results/scaled_mm_ab_h200.log, the wave-fit section and the partial token tiles.)
@@ -155,14 +161,14 @@ int wave_fit_config(const ScaledMmArgs& a, int sms) {
   // The slowest SM's load in channel rows x token rows: waves x tile width x tile tokens. Tiles of up
   // to 64 tokens count as 64, of more as 128 (the swapped defaults' 96-token tiles included).
   auto load = [&](int width, int64_t tokens) {
-    tokens = a.M <= 64 || tokens <= 64 ? 64 : 128;
+    tokens = tokens <= 64 ? 64 : 128;
     return cdiv(cdiv(a.M, tokens) * cdiv(a.N, width), sms) * width * tokens;
   };
-  // The defaults: the swapped 64-row tiles up to M = 128 (in pairs of 64-token tiles where those
-  // fit, see pick_plan), 128 x 128 above.
-  const bool pairs = a.M > 96 && a.M <= 128 && 2 * cdiv(a.N, kConfigs[kSwap64x64PingTokenPair].tile_m) <= sms;
+  // The defaults: the swapped 64-row tiles up to M = 128, on 64 tokens up to M = 64 and in pairs of
+  // 64-token tiles where those fit (see pick_plan), else on 128; 128 x 128 above.
+  const bool default_64_tokens = a.M <= 64 || (a.M > 96 && swapped_pairs_fit(a, sms));
   const int64_t base = a.M > 128 ? load(kConfigs[kPing128x128Cluster2].tile_n, 128)
-                                 : load(kConfigs[kSwap64x64Ping].tile_m, pairs ? 64 : 128);
+                                 : load(kConfigs[kSwap64x64Ping].tile_m, default_64_tokens ? 64 : 128);
   int best = -1;
   int64_t best_load = 0;
   auto consider = [&](const Candidate& c) {
@@ -198,13 +204,12 @@ Plan pick_plan(const ScaledMmArgs& a) {
   const int64_t tiles128 = cdiv(a.M, 256) * 2 * cdiv(a.N, 128);  // cluster 2x1: M tiles in pairs
   const bool ragged_last_wave = tiles128 > sms && wave_efficiency(tiles128, sms) < 0.75;
   if (a.M <= 128) {
-    const bool pairs_fit = 2 * cdiv(a.N, kConfigs[kSwap64x64PingTokenPair].tile_m) <= sms;
-    p.config = a.M <= 16   ? kSwap64x16Ping
-               : a.M <= 32 ? kSwap64x32Ping
-               : a.M <= 64 ? kSwap64x64Ping
-               : a.M <= 96 ? kSwap64x96Ping
-               : pairs_fit ? kSwap64x64PingTokenPair
-                           : kSwap64x128Ping;
+    p.config = a.M <= 16                  ? kSwap64x16Ping
+               : a.M <= 32                ? kSwap64x32Ping
+               : a.M <= 64                ? kSwap64x64Ping
+               : a.M <= 96                ? kSwap64x96Ping
+               : swapped_pairs_fit(a, sms) ? kSwap64x64PingTokenPair
+                                          : kSwap64x128Ping;
   } else if (a.M <= 256) {
     if (a.N <= 4096) {
       p.config = a.M > 256 - kMinMissingRows ? kSwap64x128Ping : kSwap128x64Coop;
