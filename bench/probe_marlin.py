@@ -189,12 +189,14 @@ def main() -> None:
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--check", action="store_true", help="check results under many work splits first")
     ap.add_argument("--ab", default="", help="comma-separated library paths to time against each other")
+    ap.add_argument("--ab-ms", default="1,16", help="rows of the --ab points")
+    ap.add_argument("--ab-rounds", type=int, default=3, help="alternating rounds per --ab point (median)")
     ap.add_argument("--ab-shapes", default="4096x4096,6144x4096,4096x14336,8192x8192,10240x8192,28672x4096,"
                     "8192x28672,57344x8192")
     args = ap.parse_args()
     if args.ab:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.ab_shapes.split(",")]
-        ab_libraries(args.ab.split(","), shapes, (1, 16))
+        ab_libraries(args.ab.split(","), shapes, [int(m) for m in args.ab_ms.split(",")], args.ab_rounds)
         return
     lib = use_library(args.lib) if args.lib else None
     if args.check:
