@@ -88,6 +88,8 @@ SMALL_M = {
     "stream128/s2": ("stream_128", 0, 2, -1),
     "stream64/auto": ("stream_64", 0, -1, -1),
 }
+# One token tile for 128 < M <= 192: the swapped 64-row ping-pong config of 192 tokens.
+ONE_TILE_MID_M = {"swap64x192/dp": ("swap_64x192x128_ping", 0)}
 # Named for --only: the swapped ping-pong configs of the narrower token tiles.
 NARROW = {
     "swap64x16/dp": ("swap_64x16x128_ping", 0),
@@ -98,7 +100,7 @@ STREAM_LABEL = re.compile(r"stream(64|128)/c(\d+)w(\d+)")
 
 def candidate(label: str):
     """The candidate a label names: one of the tables above, or a streamR/cCwW plan."""
-    for table in (SMALL_M, LARGE_M, HUGE_M, NARROW):
+    for table in (SMALL_M, LARGE_M, HUGE_M, NARROW, ONE_TILE_MID_M):
         if label in table:
             return table[label]
     m = STREAM_LABEL.fullmatch(label)
@@ -124,7 +126,7 @@ def candidates(M: int) -> dict:
 
         return {k: v for k, v in SMALL_M.items() if wanted(k, v)}
     if M <= 256:
-        return dict(LARGE_M, **SWAPPED)
+        return dict(LARGE_M, **SWAPPED, **(ONE_TILE_MID_M if M <= 192 else {}))
     return dict(LARGE_M, **HUGE_M) if M > 2048 else dict(LARGE_M)
 
 

@@ -56,6 +56,13 @@ SM90_AUTO = [
     ((256, 57344, 8192), ("128x128x128_ping_c2x1", 0, None, 1)),   # 160 wide fills worse
     ((256, 4096, 4096), ("swap_64x128x128_ping", 0, None, 1)),    # two 128-token tiles, nearly whole
     ((200, 4096, 4096), ("swap_128x64x128_coop", 0, None, 1)),
+    ((150, 6144, 4096), ("swap_64x192x128_ping", 0, None, None)),   # one 192-token tile: equal load
+    ((192, 8192, 8192), ("swap_64x192x128_ping", 0, None, None)),   # with 128x96, the weight read once
+    ((129, 57344, 8192), ("swap_64x192x128_ping", 0, None, None)),
+    ((176, 28672, 4096), ("swap_64x192x128_ping", 0, None, None)),
+    ((150, 10240, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),    # one wave of 160 against two of 64
+    ((176, 4096, 14336), ("swap_128x64x128_coop", 0, None, 1)),     # N <= 4096: as before
+    ((193, 8192, 8192), ("128x128x128_ping_c2x1", 0, None, 1)),     # past one 192-token tile
     ((512, 10240, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),  # two waves of 160 against three
     ((1024, 10240, 8192), ("128x160x128_ping_c2x1", 0, None, 1)),  # equal fill: the wider tile
     ((2048, 8192, 8192), ("128x128x128_ping_c2x1", 0, None, 1)),
@@ -87,7 +94,8 @@ def test_sm90_automatic_choice_is_a_listed_config_everywhere():
         pytest.skip("sm_90a family not built")
     names = set(native.config_names(F8, 90))
     for sms in (78, 114, 132):
-        for M in (1, 3, 16, 17, 33, 64, 65, 100, 128, 129, 200, 256, 300, 512, 513, 1000, 4096, 5000):
+        for M in (1, 3, 16, 17, 33, 64, 65, 100, 128, 129, 150, 192, 193, 200, 256, 300, 512, 513, 1000, 4096,
+                  5000):
             for N, K in ((16, 16), (2064, 1040), (4096, 14336), (6144, 4096), (10240, 8192), (57344, 8192)):
                 got = native.auto_config(M, N, K, sm_count=sms)
                 assert got["config"] in names, (M, N, K, sms, got)
@@ -108,6 +116,8 @@ def test_sm90_automatic_choice_is_a_listed_config_everywhere():
                     assert 96 < M <= 128, (M, N, K, sms, got)
                 if got["config"] == "128x160x128_ping_c2x1":  # its 2x1 clusters pair two token tiles
                     assert 128 < M <= 2048, (M, N, K, sms, got)
+                if got["config"] == "swap_64x192x128_ping":  # one token tile covering all of M
+                    assert 128 < M <= 192 and N > 4096, (M, N, K, sms, got)
 
 
 # Whole token tiles: (M, N, K, rows the storage holds) -> rows to run, on 132 SMs.
@@ -127,6 +137,9 @@ TOKEN_ROWS = [
     ((200, 4096, 4096, 256), 256),   # four 64-token tiles missing 56 rows: 256, on two 128-token tiles
     ((150, 4096, 4096, 256), 192),   # three 64-token tiles, the last missing 42 rows
     ((200, 10240, 8192, 256), 256),  # two 128-token tiles
+    ((150, 8192, 8192, 256), 192),   # one 192-token tile, 42 rows missing
+    ((170, 8192, 8192, 256), 170),   # 22 missing
+    ((150, 8192, 8192, 191), 150),   # the storage stops short of the tile
     ((200, 4096, 4096, 255), 200),
     ((240, 4096, 4096, 256), 240),   # 16 rows missing
     ((300, 4096, 4096, 512), 300),   # above 256: not measured, not padded

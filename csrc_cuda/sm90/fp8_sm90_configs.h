@@ -31,7 +31,8 @@
   X(kSwap64x64PingTokenPair, "swap_64x64x128_ping_c1x2", true, 64, 64, 128, 1, 2, Ping)       \
   X(kPing64x96Cluster2, "64x96x128_ping_c2x1", false, 64, 96, 128, 2, 1, Ping)           \
   X(kPing64x160Cluster2, "64x160x128_ping_c2x1", false, 64, 160, 128, 2, 1, Ping)        \
-  X(kPing64x224Cluster2, "64x224x128_ping_c2x1", false, 64, 224, 128, 2, 1, Ping)
+  X(kPing64x224Cluster2, "64x224x128_ping_c2x1", false, 64, 224, 128, 2, 1, Ping)        \
+  X(kSwap64x192Ping, "swap_64x192x128_ping", true, 64, 192, 128, 1, 1, Ping)
 
 namespace qb::sm90 {
 

@@ -143,27 +143,49 @@ double wave_efficiency(int64_t tiles, int sms) {
 //               rows or more, which the 96- and 192-wide ones pay for and the 224-wide one does not (M = 72,
 //               N = 10240: 128x96 37.4 us against 32.0 for the swapped 96-token tiles; N = 57344:
 //               128x224 135.8 against 150.1). Given rows to spare, they run whole (token_rows).
+//             - 64 wide, swapped, one 192-token tile (128 < M <= 192): each weight tile is read by one
+//               CTA, once, and the tile multiplies 192 tokens where the 128-token tiles multiply 256.
+//               At equal load it is taken before the 96- and 192-wide cooperative tiles, which read
+//               each weight tile once per token tile. M = 150 / 176 / 192, A without spare rows:
+//               N = 6144: 17.6 / 12.7 / 12.0 us against 20.4 / 18.5 / 17.6 for the tree's choice
+//               before (cuBLASLt tensorwise 10.8 / 11.3 / 11.4); 8192 x 8192: 34.9 / 26.3 / 26.1
+//               against 40.4 / 35.8 / 33.3 (25.1 / 24.6 / 25.8); 8192 x 28672: 106.9 / 81.8 / 83.4
+//               against 123.8 / 116.9 / 111.6; 57344 x 8192: 228.3 / 184.6 / 169.1 against 231.5 /
+//               246.0 / 223.5. N = 10240 keeps the 160-wide pairs (one wave against two; 50.3 against
+//               44.2 at M = 150), N <= 4096 the swapped 128x64 tiles (4096 x 14336 at M = 176: 31.4
+//               against 29.8). With no spare rows M = 136 and 150 still pay for the rows past M
+//               (28672 x 4096: 64.8 against 64.3 at M = 150); given them, M = 129 to 168 run whole
+//               192-token tiles (token_rows). (Log section "129 to 192 tokens", at its top.)
 //             (bench/results/scaled_mm_ab_h200.log, the wave-fit section and the partial token tiles.)
 int wave_fit_config(const ScaledMmArgs& a, int sms) {
   if (a.M <= 32 || a.M > 2048 || (a.M > 128 && a.M <= 256 && a.N <= 4096)) return -1;
   struct Candidate {
-    ConfigId config;  // unswapped: its tile_n is the tile's width in channels
-    bool margin;      // must reach 80 % of the default's load
+    ConfigId config;
+    bool margin;    // must reach 80 % of the default's load
+    bool one_read;  // one token tile covers all of M: taken first at equal load (the others there read
+                    // each weight tile once per token tile)
   };
-  static constexpr Candidate kOneTokenTile[] = {{kPing64x80, false}};
-  static constexpr Candidate kPartialTokenTile[] = {{kCoop128x224, false}};
+  static constexpr Candidate kOneTokenTile[] = {{kPing64x80, false, false}};
+  static constexpr Candidate kPartialTokenTile[] = {{kCoop128x224, false, false}};
   // At equal load the first listed of equal width wins: the 64-token pairs before the 128x224 tile.
-  static constexpr Candidate kNarrowM[] = {{kCoop128x96, true},          {kCoop128x192, true},
-                                           {kPing64x96Cluster2, false},  {kPing64x160Cluster2, false},
-                                           {kPing64x224Cluster2, false}, {kCoop128x224, false}};
-  static constexpr Candidate kMidM[] = {{kCoop128x96, true}, {kCoop128x192, true}, {kPing128x160Cluster2, false}};
-  static constexpr Candidate kLargeM[] = {{kPing128x160Cluster2, false}};
+  static constexpr Candidate kNarrowM[] = {{kCoop128x96, true, false},          {kCoop128x192, true, false},
+                                           {kPing64x96Cluster2, false, false},  {kPing64x160Cluster2, false, false},
+                                           {kPing64x224Cluster2, false, false}, {kCoop128x224, false, false}};
+  static constexpr Candidate kMidM[] = {
+      {kCoop128x96, true, false}, {kCoop128x192, true, false}, {kPing128x160Cluster2, false, false}};
+  static constexpr Candidate kMidMOneTile[] = {{kSwap64x192Ping, false, true},
+                                               {kCoop128x96, true, false},
+                                               {kCoop128x192, true, false},
+                                               {kPing128x160Cluster2, false, false}};
+  static constexpr Candidate kLargeM[] = {{kPing128x160Cluster2, false, false}};
   // The slowest SM's load in channel rows x token rows: waves x tile width x tile tokens. Tiles of up
-  // to 64 tokens count as 64, of more as 128 (the swapped defaults' 96-token tiles included).
+  // to 64 tokens count as 64, of up to 128 as 128 (the swapped defaults' 96-token tiles included).
   auto load = [&](int width, int64_t tokens) {
-    tokens = tokens <= 64 ? 64 : 128;
+    tokens = tokens <= 64 ? 64 : tokens <= 128 ? 128 : tokens;
     return cdiv(cdiv(a.M, tokens) * cdiv(a.N, width), sms) * width * tokens;
   };
+  // A tile's width in channels: the swapped configs' tile_m, the others' tile_n.
+  auto channels = [](int config) { return kConfigs[config].swap ? kConfigs[config].tile_m : kConfigs[config].tile_n; };
   // The defaults: the swapped 64-row tiles up to M = 128, on 64 tokens up to M = 64 and in pairs of
   // 64-token tiles where those fit (see pick_plan), else on 128; 128 x 128 above.
   const bool default_64_tokens = a.M <= 64 || (a.M > 96 && swapped_pairs_fit(a, sms));
@@ -171,13 +193,17 @@ int wave_fit_config(const ScaledMmArgs& a, int sms) {
                                  : load(kConfigs[kSwap64x64Ping].tile_m, default_64_tokens ? 64 : 128);
   int best = -1;
   int64_t best_load = 0;
+  bool best_one_read = false;
   auto consider = [&](const Candidate& c) {
-    const int width = kConfigs[c.config].tile_n;
+    const int width = channels(c.config);
     const int64_t l = load(width, token_tile(c.config));
     if (c.margin ? 5 * l > 4 * base : l > base) return;
-    if (best < 0 || l < best_load || (l == best_load && width > kConfigs[best].tile_n)) {
+    bool better = best < 0 || l < best_load;
+    if (!better && l == best_load) better = c.one_read != best_one_read ? c.one_read : width > channels(best);
+    if (better) {
       best = c.config;
       best_load = l;
+      best_one_read = c.one_read;
     }
   };
   if (a.M <= 64) {
@@ -186,6 +212,8 @@ int wave_fit_config(const ScaledMmArgs& a, int sms) {
     for (const Candidate& c : kPartialTokenTile) consider(c);
   } else if (a.M <= 128) {
     for (const Candidate& c : kNarrowM) consider(c);
+  } else if (a.M <= kConfigs[kSwap64x192Ping].tile_n) {
+    for (const Candidate& c : kMidMOneTile) consider(c);
   } else if (a.M <= 512) {
     for (const Candidate& c : kMidM) consider(c);
   } else {

@@ -59,11 +59,11 @@ def scaled_mm_part():
                 for decomp in (0, 2):
                     native.override(names.index(name), decomp, -1, -1)
                     _scaled_mm_calls(F8, 90, ((70, 1040, 4112), (300, 2064, 1040)))
-            # The swapped 96-token tiles and the 64-token tiles in clusters of two (swapped 1x2, and
-            # 2x1 pairs 96, 160 and 224 channels wide): partial token tiles, a cluster whose second
-            # CTA has no tokens (M <= 64), N and K past the tiles' ends.
-            for name in ("swap_64x96x128_ping", "swap_64x64x128_ping_c1x2", "64x96x128_ping_c2x1",
-                         "64x160x128_ping_c2x1", "64x224x128_ping_c2x1"):
+            # The swapped 96- and 192-token tiles and the 64-token tiles in clusters of two (swapped
+            # 1x2, and 2x1 pairs 96, 160 and 224 channels wide): partial token tiles, a cluster whose
+            # second CTA has no tokens (M <= 64), N and K past the tiles' ends, and M past one tile.
+            for name in ("swap_64x96x128_ping", "swap_64x192x128_ping", "swap_64x64x128_ping_c1x2",
+                         "64x96x128_ping_c2x1", "64x160x128_ping_c2x1", "64x224x128_ping_c2x1"):
                 native.override(names.index(name), 0, -1, -1)
                 _scaled_mm_calls(F8, 90, ((40, 1040, 4112), (70, 2064, 1040), (113, 4080, 272), (300, 272, 1040)))
         finally:

@@ -184,7 +184,8 @@ WIDE_TILES = [("128x160x128_ping_c2x1", 250, 10224, 1040), ("128x160x128_ping_c2
               ("swap_64x96x128_ping", 72, 4096, 14336), ("swap_64x96x128_ping", 93, 2064, 1040),
               ("swap_64x64x128_ping_c1x2", 128, 4096, 14336), ("swap_64x64x128_ping_c1x2", 113, 4080, 1040),
               ("64x96x128_ping_c2x1", 113, 6096, 1040), ("64x160x128_ping_c2x1", 120, 10224, 1040),
-              ("64x224x128_ping_c2x1", 100, 28656, 1040)]
+              ("64x224x128_ping_c2x1", 100, 28656, 1040), ("swap_64x192x128_ping", 150, 6128, 1040),
+              ("swap_64x192x128_ping", 129, 8192, 1056), ("swap_64x192x128_ping", 192, 28656, 1040)]
 
 
 @pytest.mark.skipif(90 not in FP8_VARIANTS, reason="sm_90a family not built")
