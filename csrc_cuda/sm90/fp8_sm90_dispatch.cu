@@ -36,6 +36,9 @@ constexpr int64_t kMinMissingRows = 24;
 // Tokens per tile of a config: the swapped configs' tile_n, the others' tile_m.
 int64_t token_tile(int config) { return kConfigs[config].swap ? kConfigs[config].tile_n : kConfigs[config].tile_m; }
 
+// Channels (weight rows) per tile of a config: the swapped configs' tile_m, the others' tile_n.
+int channel_tile(int config) { return kConfigs[config].swap ? kConfigs[config].tile_m : kConfigs[config].tile_n; }
+
 struct Plan {
   int config;
   RunOpts opts;
@@ -184,22 +187,20 @@ int wave_fit_config(const ScaledMmArgs& a, int sms) {
     tokens = tokens <= 64 ? 64 : tokens <= 128 ? 128 : tokens;
     return cdiv(cdiv(a.M, tokens) * cdiv(a.N, width), sms) * width * tokens;
   };
-  // A tile's width in channels: the swapped configs' tile_m, the others' tile_n.
-  auto channels = [](int config) { return kConfigs[config].swap ? kConfigs[config].tile_m : kConfigs[config].tile_n; };
   // The defaults: the swapped 64-row tiles up to M = 128, on 64 tokens up to M = 64 and in pairs of
   // 64-token tiles where those fit (see pick_plan), else on 128; 128 x 128 above.
   const bool default_64_tokens = a.M <= 64 || (a.M > 96 && swapped_pairs_fit(a, sms));
-  const int64_t base = a.M > 128 ? load(kConfigs[kPing128x128Cluster2].tile_n, 128)
-                                 : load(kConfigs[kSwap64x64Ping].tile_m, default_64_tokens ? 64 : 128);
+  const int64_t base = a.M > 128 ? load(channel_tile(kPing128x128Cluster2), 128)
+                                 : load(channel_tile(kSwap64x64Ping), default_64_tokens ? 64 : 128);
   int best = -1;
   int64_t best_load = 0;
   bool best_one_read = false;
   auto consider = [&](const Candidate& c) {
-    const int width = channels(c.config);
+    const int width = channel_tile(c.config);
     const int64_t l = load(width, token_tile(c.config));
     if (c.margin ? 5 * l > 4 * base : l > base) return;
     bool better = best < 0 || l < best_load;
-    if (!better && l == best_load) better = c.one_read != best_one_read ? c.one_read : width > channels(best);
+    if (!better && l == best_load) better = c.one_read != best_one_read ? c.one_read : width > channel_tile(best);
     if (better) {
       best = c.config;
       best_load = l;
