@@ -39,7 +39,11 @@ SM90_AUTO = [
     ((16, 4096, 14336), ("stream_64", 0, 2, 0)),       # few tiles and long K: a cluster of 2 splits K
     ((1, 57344, 8192), ("swap_64x16x128_ping", 0, None, None)),  # over 4 tiles per SM: CUTLASS
     ((64, 10240, 8192), ("64x80x128_ping", 0, None, 1)),   # 128 tiles of 80: one wave; 160 of 64: two
-    ((64, 8192, 8192), ("swap_64x64x128_ping", 0, None, None)),   # 80 wide fills worse
+    ((64, 8192, 8192), ("stream_64", 0, 1, 0)),        # 33 to 64 tokens on one wave of 64-row tiles
+    ((48, 6144, 4096), ("stream_64", 0, 1, 0)),
+    ((64, 4096, 4096), ("swap_64x64x128_ping", 0, None, None)),   # ... but not on N = 4096
+    ((64, 57344, 8192), ("swap_64x64x128_ping", 0, None, None)),  # nor past one wave
+    ((64, 8192, 28672), ("swap_64x64x128_ping", 0, None, None)),  # nor with K > 8192
     ((72, 4096, 14336), ("swap_64x96x128_ping", 0, None, None)),  # 64 < M <= 96: 96-token tiles
     ((72, 10240, 8192), ("swap_64x96x128_ping", 0, None, None)),  # no 96-wide wave fit on partial tiles
     ((72, 57344, 8192), ("128x224x128_coop", 0, None, 1)),        # but the 224-wide one
@@ -96,12 +100,15 @@ def test_sm90_automatic_choice_is_a_listed_config_everywhere():
     for sms in (78, 114, 132):
         for M in (1, 3, 16, 17, 33, 64, 65, 100, 128, 129, 150, 192, 193, 200, 256, 300, 512, 513, 1000, 4096,
                   5000):
-            for N, K in ((16, 16), (2064, 1040), (4096, 14336), (6144, 4096), (10240, 8192), (57344, 8192)):
+            for N, K in ((16, 16), (2064, 1040), (4096, 14336), (6144, 4096), (8192, 28672), (10240, 8192),
+                         (57344, 8192)):
                 got = native.auto_config(M, N, K, sm_count=sms)
                 assert got["config"] in names, (M, N, K, sms, got)
                 assert got["decomposition"] in (0, 1, 2, 3), got
                 if got["config"].startswith("stream"):  # swizzle: tiles per CTA before the shared one
                     assert 0 <= got["swizzle"] < 4 and 1 <= got["splits"] <= 2, (M, N, K, sms, got)
+                    assert M <= 32 or (M <= 64 and N > 4096 and -(-N // 64) <= sms and K <= 8192), \
+                        (M, N, K, sms, got)
                 else:
                     assert got["swizzle"] in (1, 2, 4, 8), got
                 if got["config"] in ("128x96x128_coop", "128x192x128_coop"):
@@ -134,6 +141,7 @@ TOKEN_ROWS = [
     ((36, 4096, 4096, 64), 64),      # 64-token tiles
     ((41, 4096, 4096, 64), 41),
     ((16, 4096, 4096, 64), 16),      # the small-M kernel: no cost measured
+    ((36, 6144, 4096, 64), 36),      # the small-M kernel reads rows past M as zeros
     ((200, 4096, 4096, 256), 256),   # four 64-token tiles missing 56 rows: 256, on two 128-token tiles
     ((150, 4096, 4096, 256), 192),   # three 64-token tiles, the last missing 42 rows
     ((200, 10240, 8192, 256), 256),  # two 128-token tiles

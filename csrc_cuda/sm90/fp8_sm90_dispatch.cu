@@ -57,7 +57,7 @@ double wave_efficiency(int64_t tiles, int sms) {
 }
 
 // Config, decomposition and swizzle by M bucket, from the H200 sweeps (bench_scaled_mm.py --tune):
-//   (M <= 32: the small-M kernel first, where small_m_auto_plan takes the problem; otherwise:)
+//   (M <= 64: the small-M kernel first, where small_m_auto_plan takes the problem; otherwise:)
 //   M <= 128  memory-bound: swapped persistent 64-row ping-pong tiles whose token side (16, 32, 64,
 //             96 or 128) covers all of M, so each weight tile is read by one CTA, once (tiles that
 //             two CTAs read were measured up to 30 % slower);
@@ -285,6 +285,8 @@ int64_t token_rows(const ScaledMmArgs& a, int64_t available) {
   const int sms = a.sm_count > 0 ? a.sm_count : 132;
   ScaledMmArgs q = a;
   q.config = q.decomp = q.splits = q.swizzle = -1;
+  SmallMPlan small;
+  if (small_m_auto_plan(q, &small)) return M;  // its loads read rows past M as zeros: nothing to gain
   // 96-token plans where a wave-fit config would take 128 whole tokens: run that (M = 80 to 96,
   // N = 10240: 27.3 to 27.5 us against 29.3 to 30.3 on the partial 96-token tiles).
   if (M > 64 && M <= 96 && available >= widest) {

@@ -53,11 +53,16 @@ constexpr int kMaxStages = 12;
 constexpr int kMaxSplits = 8;           // the portable cluster size limit
 constexpr int kSmemPerSm = 228 * 1024;  // H100 / H200, the sm_90a parts
 constexpr int kSmemOptin = 227 * 1024 - 256;  // the per-block limit, less this kernel's static barriers
-// Shared memory per CTA the ring depth is sized for: at most half an SM, so that when the next
-// kernel is launched as a programmatic dependent, its CTAs find room next to this kernel's and
-// start while this one finishes (on the H200, deeper rings that left room for only one CTA per SM
-// were slower at the small shapes in trial sweeps).
-constexpr int kCtaSmemTarget = kSmemPerSm / 2 - 4096;
+// Dynamic shared memory per CTA (ring, alignment slack and output staging) the ring depth is sized
+// for: half an SM, less the 1 KiB the system reserves per CTA and this kernel's static barriers, so
+// that when the next kernel is launched as a programmatic dependent, its CTAs find room next to
+// this kernel's and start while this one finishes (on the H200, deeper rings that left room for
+// only one CTA per SM were slower at the small shapes in trial sweeps).
+constexpr int kCtaSmemTarget = (kSmemPerSm - 2 * 1024) / 2 - 256;
+// Outputs of a 64-row block are staged token-major, the output's own layout, rows padded by 8 elements:
+// the four token columns a warp writes at once then start 32 bytes apart in the banks (conflict
+// free), and every row piece stays 16-byte aligned.
+constexpr int kStagedPad = 8;
 // Weight tiles each CTA asks L2 for before the previous kernel has finished: enough to keep HBM
 // busy across the hand-over. In trial sweeps on the H200, asking for a CTA's whole range was slower
 // (the flood of requests cost more than it hid), and two tiles were slightly faster than none on
@@ -111,6 +116,9 @@ __device__ __forceinline__ void gmma(uint64_t w, uint64_t a, float (&d)[T / 2], 
   GmmaOp<T>::fma(w, a, d[I]...);
 }
 
+// The four consumer warps meet (named barrier 1; the producer warp is not part of it).
+__device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
+
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
 template <int R>
 __device__ __forceinline__ void fence_regs(float (&d)[R]) {
@@ -163,14 +171,40 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
   float acc[kBlocks][kAcc];
   // Epilogue operands, loaded before each main loop (zeroed here only so that `store` may capture them).
   float sa[TOK / 8][2] = {}, sb[kBlocks][2] = {}, bias[kBlocks][2] = {};
-  // out[m, n] = scale_a[m] scale_b[n] acc + bias[n] for accumulator j of block b (wgmma layout) of
-  // row tile `tile`, with sb and bias loaded for that tile.
+  // scale_a[m] scale_b[n] acc + bias[n] for accumulator j of block b (wgmma layout), with sb and bias
+  // loaded for the tile; its token (m) and weight row (n) inside the tile.
+  auto epilogue = [&](int b, int j, float v) {
+    return from_f32<OutT>(fmaf(sa[j / 4][j % 2] * sb[b][(j / 2) % 2], v, bias[b][(j / 2) % 2]));
+  };
+  auto tile_m = [&](int j) { return 8 * (j / 4) + c0 + j % 2; };
+  auto tile_n = [&](int b, int j) { return 64 * b + r0 + 8 * ((j / 2) % 2); };
+  // One output straight to global memory (the split-K path: each CTA stores a share of the entries).
   auto store = [&](int tile, int b, int j, float v) {
-    const int c = j / 4, h = (j / 2) % 2, e = j % 2;
-    const int n = tile * ROWS + 64 * b + r0 + 8 * h;
-    const int m = tok_tile * TOK + 8 * c + c0 + e;
-    if (n < p.N && m < p.M)
-      static_cast<OutT*>(p.out)[int64_t(m) * p.ldo + n] = from_f32<OutT>(fmaf(sa[c][e] * sb[b][h], v, bias[b][h]));
+    const int n = tile * ROWS + tile_n(b, j), m = tok_tile * TOK + tile_m(j);
+    if (n < p.N && m < p.M) static_cast<OutT*>(p.out)[int64_t(m) * p.ldo + n] = epilogue(b, j, v);
+  };
+  // A whole tile of outputs through the staging area beyond the ring, one 64-row block at a time:
+  // each thread writes its accumulators there, then the block's token rows leave as 16-byte pieces,
+  // consecutive threads covering a row. (qb_scaled_mm guarantees what the pieces need: N a multiple
+  // of 16, out and its row stride 16-byte aligned.) Scattered 2-byte stores straight from the wgmma
+  // layout cost about twice the sectors.
+  OutT* staged = reinterpret_cast<OutT*>(ring + p.stages * kStageBytes);
+  constexpr int kPitch = 64 + kStagedPad;
+  auto store_tile = [&](int tile, bool reused) {
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      if (reused || b > 0) consumer_barrier();  // the previous block's pieces have left
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) staged[tile_m(j) * kPitch + tile_n(0, j)] = epilogue(b, j, acc[b][j]);
+      consumer_barrier();
+      for (int i = threadIdx.x; i < TOK * 8; i += 128) {
+        const int ml = i / 8, nl = 8 * (i % 8);
+        const int m = tok_tile * TOK + ml, n = tile * ROWS + 64 * b + nl;
+        if (m < p.M && n < p.N)
+          *reinterpret_cast<uint4*>(static_cast<OutT*>(p.out) + int64_t(m) * p.ldo + n) =
+              *reinterpret_cast<const uint4*>(staged + ml * kPitch + nl);
+      }
+    }
   };
   if (!consumer) {
     if (lane == 0) {
@@ -262,13 +296,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
       for (int b = 0; b < kBlocks; ++b) fence_regs(acc[b]);
       // Hand the last stage back before the epilogue, so the next segment's loads are not held up.
       if (held >= 0 && lane == 0) ClusterBarrier::arrive(&empty[held]);
-      if (s < own || splits == 1) {
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b) {
-#pragma unroll
-          for (int j = 0; j < kAcc; ++j) store(tile, b, j, acc[b][j]);
-        }
-      }
+      if (s < own || splits == 1) store_tile(tile, s > 0);
     }
   }
   if (splits == 1 || !shared_valid) return;
@@ -280,7 +308,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
   constexpr int kEntries = kBlocks * kAcc;
   float* part = reinterpret_cast<float*>(ring);
   if (consumer) {
-    asm volatile("bar.sync 1, 128;" ::: "memory");  // all four warps' wgmmas are done with the ring
+    consumer_barrier();  // all four warps' wgmmas are done with the ring
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
 #pragma unroll
@@ -317,10 +345,15 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
 // ---- host ---------------------------------------------------------------------------------------------
 
 int stage_bytes(int rows, int tokens) { return (rows + tokens) * kTileK; }
-int smem_bytes(int rows, int tokens, int stages) { return stages * stage_bytes(rows, tokens) + 1024; }
+// The staging area for one 64-row block of 2-byte outputs (bf16 or fp16).
+int staged_bytes(int tokens) { return tokens * (64 + kStagedPad) * 2; }
+// The ring (1024-byte aligned, hence the slack) and the staging area after it.
+int smem_bytes(int rows, int tokens, int stages) {
+  return stages * stage_bytes(rows, tokens) + 1024 + staged_bytes(tokens);
+}
 
 int default_stages(int rows, int tokens) {
-  const int s = (kCtaSmemTarget - 1024) / stage_bytes(rows, tokens);
+  const int s = (kCtaSmemTarget - 1024 - staged_bytes(tokens)) / stage_bytes(rows, tokens);
   return s < 3 ? 3 : s > kMaxStages ? kMaxStages : s;
 }
 
@@ -435,8 +468,7 @@ int launch_rows(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, 
 // ping-pong configs under CUDA-graph replay:
 // - up to 16 tokens, and up to 32 when N > 4096, this kernel is faster or within 3 % on every shape
 //   whose 64-row tiles number at most 4 per SM (all but 57344 x 8192), up to x1.2 (6144 x 4096:
-//   7.9 us against 9.6); with 32 tokens on N = 4096, and with 64 tokens, CUTLASS's two consumer
-//   warpgroups win;
+//   7.9 us against 9.6); with 32 tokens on N = 4096 CUTLASS's swapped tiles win;
 // - 64-row tiles; but when those would number more than the SMs while 128-row tiles would not
 //   (N = 10240: 160 against 80 tiles), 128-row tiles (22.6 us against 27.1 at M = 1);
 // - when neither fits on the SMs (N = 28672: 448 and 224 tiles), 64-row tiles, each CTA streaming
@@ -447,11 +479,24 @@ int launch_rows(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, 
 //   clusters of 4 over 5 tiles (1.25 tiles per SM) took 25.9 us at M = 1 against 22.5 for the
 //   128-row tiles (its seventh section);
 // - split K in two when 64-row tiles cover at most half the SMs and K >= 8192 (4096 x 14336:
-//   16.7 us against 18.1 at M = 1); for K = 4096 the reduction costs what the extra SMs gain.
+//   16.7 us against 18.1 at M = 1); for K = 4096 the reduction costs what the extra SMs gain;
+// - 33 to 64 tokens (since the outputs leave through the staging area; bench/ab_libs.py, against the
+//   library before, "33 to 64 tokens" in bench/results/scaled_mm_ab_h200.log): on one wave of 64-row
+//   tiles, N > 4096 and K <= 8192. 6144 x 4096 took 8.90 / 8.89 us at M = 48 / 64 against 10.02 /
+//   9.82 on CUTLASS's swapped 64-token tiles, 8192 x 8192 19.02 / 19.00 against 19.57 / 19.60. Not
+//   with a longer K (8192 x 28672: 61.6 / 62.8 against 59.3 / 59.7), likely because with 64 tokens a
+//   stage holds as many activation bytes as weight bytes, so the half-SM ring (6 stages) streams a
+//   long K more slowly than CUTLASS's 13. Nor on N = 4096 (4096 x 4096 at M = 64, forced: 7.99 us;
+//   CUTLASS 6.8).
 bool small_m_auto_plan(const ScaledMmArgs& a, SmallMPlan* plan) {
-  if (a.M > 32 || (a.M > 16 && a.N <= 4096)) return false;
+  if (a.M > 64 || (a.M > 16 && a.N <= 4096)) return false;
   const int sms = a.sm_count > 0 ? a.sm_count : 132;
   const int64_t tiles64 = cdiv(a.N, 64), tiles128 = cdiv(a.N, 128);
+  if (a.M > 32) {
+    if (tiles64 > sms || a.K > 8192) return false;
+    *plan = make_plan(a, 64, 1, 0);
+    return true;
+  }
   if (tiles64 > 4 * int64_t(sms)) return false;
   if (tiles64 <= sms)
     *plan = make_plan(a, 64, 2 * tiles64 <= sms && a.K >= 8192 ? 2 : 1, 0);
