@@ -473,11 +473,11 @@ int launch_rows(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, 
 //   (N = 10240: 160 against 80 tiles), 128-row tiles (22.6 us against 27.1 at M = 1);
 // - when neither fits on the SMs (N = 28672: 448 and 224 tiles), 64-row tiles, each CTA streaming
 //   cdiv(tiles, SMs) of them (112 CTAs of 4 tiles): 30.0 / 30.4 / 31.6 us at M = 1 / 16 / 32 against
-//   30.6 / 30.9 / 31.7 for one tile per CTA, and 31.8 to 38.9 for 2 or 3 tiles per CTA (sixth
-//   section of bench/results/scaled_mm_ab_h200.log). Clusters that also split a shared tile's K,
-//   for a more even share (2 CTAs over 7 tiles: 3.5 each), took 31.1 / 31.6 / 32.8; at N = 10240,
-//   clusters of 4 over 5 tiles (1.25 tiles per SM) took 25.9 us at M = 1 against 22.5 for the
-//   128-row tiles (its seventh section);
+//   30.6 / 30.9 / 31.7 for one tile per CTA, and 31.8 to 38.9 for 2 or 3 tiles per CTA (section
+//   "Several tiles per CTA for the small-M kernel" of bench/results/scaled_mm_ab_h200.log). Clusters
+//   that also split a shared tile's K, for a more even share (2 CTAs over 7 tiles: 3.5 each), took
+//   31.1 / 31.6 / 32.8; at N = 10240, clusters of 4 over 5 tiles (1.25 tiles per SM) took 25.9 us
+//   at M = 1 against 22.5 for the 128-row tiles (the section after it);
 // - split K in two when 64-row tiles cover at most half the SMs and K >= 8192 (4096 x 14336:
 //   16.7 us against 18.1 at M = 1); for K = 4096 the reduction costs what the extra SMs gain;
 // - 33 to 64 tokens (since the outputs leave through the staging area; bench/ab_libs.py, against the
