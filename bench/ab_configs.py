@@ -24,7 +24,7 @@ import torch
 from qbackend_providers import native
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_scaled_mm import F8, SHAPES, Problem  # noqa: E402
+from bench_scaled_mm import F8, Problem, shapes_arg  # noqa: E402
 from timing import graph_time, interleaved  # noqa: E402  (one timing method for every benchmark)
 
 # label -> (config name, decomposition: 0 data-parallel, 2 stream-K, 3 CUTLASS heuristic[, splits
@@ -153,7 +153,7 @@ def main():
     args = ap.parse_args()
     if native.load() is None:
         sys.exit(f"native library unavailable: {native.load_error()}")
-    shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    shapes = shapes_arg(args.shapes)
     ms = [int(m) for m in args.ms.split(",")]
     for (N, K) in shapes:
         prob = Problem(N, K, want_bf16=False)

@@ -65,10 +65,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--force", default="", help="CONFIG[:SPLITS] timed in both builds instead of the automatic choice")
     args = ap.parse_args()
-    from bench_scaled_mm import SHAPES
+    from bench_scaled_mm import shapes_arg
     from timing import interleaved
 
-    shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    shapes = shapes_arg(args.shapes)
     ctx = mp.get_context("spawn")
     conns = []
     for lib in (args.old, args.new):

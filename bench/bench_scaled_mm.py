@@ -90,6 +90,11 @@ class Problem:
         raise ValueError(impl)
 
 
+def shapes_arg(text: str) -> list:
+    """(N, K) pairs from "N:K,N:K,..."; the issue-3 list when empty."""
+    return [tuple(int(v) for v in s.split(":")) for s in text.split(",")] if text else SHAPES
+
+
 def gmean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
@@ -273,7 +278,7 @@ def main():
     args = ap.parse_args()
     if native.load() is None:
         sys.exit(f"native library unavailable: {native.load_error()}")
-    shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    shapes = shapes_arg(args.shapes)
     ms = [int(m) for m in args.ms.split(",")] if args.ms else MS
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.tune:

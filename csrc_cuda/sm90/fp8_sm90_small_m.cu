@@ -59,10 +59,10 @@ constexpr int kSmemOptin = 227 * 1024 - 256;  // the per-block limit, less this 
 // this kernel's and start while this one finishes (on the H200, deeper rings that left room for
 // only one CTA per SM were slower at the small shapes in trial sweeps).
 constexpr int kCtaSmemTarget = (kSmemPerSm - 2 * 1024) / 2 - 256;
-// Outputs of a 64-row block are staged token-major, the output's own layout, rows padded by 8 elements:
-// the four token columns a warp writes at once then start 32 bytes apart in the banks (conflict
-// free), and every row piece stays 16-byte aligned.
-constexpr int kStagedPad = 8;
+// Outputs of a 64-row block are staged token-major, the output's own layout, rows padded by 8
+// elements: the four token columns a warp writes at once then start 32 bytes apart in the banks
+// (conflict free), and every row piece stays 16-byte aligned. Elements per staged row:
+constexpr int kStagedPitch = 64 + 8;
 // Weight tiles each CTA asks L2 for before the previous kernel has finished: enough to keep HBM
 // busy across the hand-over. In trial sweeps on the H200, asking for a CTA's whole range was slower
 // (the flood of requests cost more than it hid), and two tiles were slightly faster than none on
@@ -189,20 +189,19 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
   // of 16, out and its row stride 16-byte aligned.) Scattered 2-byte stores straight from the wgmma
   // layout cost about twice the sectors.
   OutT* staged = reinterpret_cast<OutT*>(ring + p.stages * kStageBytes);
-  constexpr int kPitch = 64 + kStagedPad;
   auto store_tile = [&](int tile, bool reused) {
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
       if (reused || b > 0) consumer_barrier();  // the previous block's pieces have left
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) staged[tile_m(j) * kPitch + tile_n(0, j)] = epilogue(b, j, acc[b][j]);
+      for (int j = 0; j < kAcc; ++j) staged[tile_m(j) * kStagedPitch + tile_n(0, j)] = epilogue(b, j, acc[b][j]);
       consumer_barrier();
       for (int i = threadIdx.x; i < TOK * 8; i += 128) {
         const int ml = i / 8, nl = 8 * (i % 8);
         const int m = tok_tile * TOK + ml, n = tile * ROWS + 64 * b + nl;
         if (m < p.M && n < p.N)
           *reinterpret_cast<uint4*>(static_cast<OutT*>(p.out) + int64_t(m) * p.ldo + n) =
-              *reinterpret_cast<const uint4*>(staged + ml * kPitch + nl);
+              *reinterpret_cast<const uint4*>(staged + ml * kStagedPitch + nl);
       }
     }
   };
@@ -346,7 +345,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
 
 int stage_bytes(int rows, int tokens) { return (rows + tokens) * kTileK; }
 // The staging area for one 64-row block of 2-byte outputs (bf16 or fp16).
-int staged_bytes(int tokens) { return tokens * (64 + kStagedPad) * 2; }
+int staged_bytes(int tokens) { return tokens * kStagedPitch * 2; }
 // The ring (1024-byte aligned, hence the slack) and the staging area after it.
 int smem_bytes(int rows, int tokens, int stages) {
   return stages * stage_bytes(rows, tokens) + 1024 + staged_bytes(tokens);
