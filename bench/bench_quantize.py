@@ -1,6 +1,7 @@
 """Dynamic per-token FP8 (e4m3) quantization: qbackend's CUDA kernel against torch, under CUDA-graph replay.
 
     python bench/bench_quantize.py --out bench/results/quantize_h200.json
+    python bench/bench_quantize.py --sweep    # the per-token kernel's vectors per thread, automatic against forced
 
 Implementations (same semantics: scale = max(amax_row / 448, 1 / (448 * 512)), q = sat(x / scale)):
   qbackend       providers/native.py -> libqbackend_cuda, one fused pass
@@ -26,7 +27,7 @@ from qbackend_providers import native
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
-from timing import graph_time  # noqa: E402  (one timing method for every benchmark)
+from timing import graph_time, interleaved  # noqa: E402  (one timing method for every benchmark)
 
 F8 = torch.float8_e4m3fn
 SHAPES = [(16, 4096), (1024, 4096), (8192, 4096), (8192, 14336)]
@@ -39,6 +40,38 @@ def torch_quant(x):
     scale = (amax / 448.0).clamp(min=1.0 / (448.0 * 512.0))
     q = (x.float() / scale).clamp(-448.0, 448.0).to(F8)
     return q, scale
+
+
+def sweep_point(M, K):
+    """{label: us}: the automatic choice and each forced number of vectors per thread at one shape."""
+    n = max(2, min(32, ROTATE_BYTES // (M * K * 2)))
+    xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
+    qs = [torch.empty(M, K, device="cuda", dtype=F8) for _ in range(n)]
+    ss = [torch.empty(M, 1, device="cuda") for _ in range(n)]
+    fns = [lambda x=x, q=q, s=s: native.quantize(x, q, s, native.DYNAMIC_TOKEN) for x, q, s in zip(xs, qs, ss)]
+
+    def forced(vecs):
+        def run():
+            native.quantize_override(0 if vecs else -1, vecs)
+            try:
+                return graph_time(fns)
+            finally:
+                native.quantize_override()
+        return run
+
+    return interleaved({"auto": forced(0), "v1": forced(1), "v2": forced(2), "v4": forced(4)}, 4)
+
+
+def sweep():
+    """The block-per-row kernel's automatic vectors per thread (auto) against one, two and four forced
+    (v1, v2, v4), interleaved in 4 rounds of a balanced order: the measurements row_vecs in
+    csrc_cuda/common/quantize.cu is set from."""
+    for K in (4096, 8192, 14336, 28672):
+        for M in (1, 16, 128, 256, 384, 512, 768, 1024, 2048):
+            med = sweep_point(M, K)
+            print(f"M={M} K={K} " + " ".join(f"{k}={v:.2f}" for k, v in med.items()) +
+                  f" | fastest {min(med, key=med.get)}", flush=True)
+            torch.cuda.empty_cache()
 
 
 def plot(rows, path):
@@ -68,9 +101,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(_HERE, "results", "quantize_h200.json"))
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (saves its compile time)")
+    ap.add_argument("--sweep", action="store_true", help="only the vectors-per-thread sweep, printed")
     args = ap.parse_args()
     if native.load() is None:
         sys.exit(f"native library unavailable: {native.load_error()}")
+    if args.sweep:
+        return sweep()
     compiled = torch.compile(torch_quant, fullgraph=True, dynamic=False)
     impls = [i for i in IMPLS if not (args.no_compile and i == "torch.compile")]
     rows = []
@@ -100,8 +136,9 @@ def main():
             rows.append({"M": M, "K": K, "impl": impl, "us": us, "bytes": nbytes})
             line.append(f"{impl}={us:.2f}us ({nbytes / us / 1e6:.2f} TB/s)")
             if impl == "qbackend":  # log only: each forced per-token kernel
-                for kern, kname in ((0, "block"), (1, "pipelined")):
-                    native.quantize_override(kern)
+                for kern, vecs, kname in ((0, 1, "block/1"), (0, 2, "block/2"), (0, 4, "block/4"),
+                                          (1, 0, "pipelined")):
+                    native.quantize_override(kern, vecs)
                     us_k = graph_time(fns)
                     native.quantize_override()
                     line.append(f"[{kname}={us_k:.2f}us]")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|ab|tokens|qbench|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
+#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|ab|tokens|qbench|qsweep|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -41,6 +41,8 @@ for step in $steps; do
       timeout 200 python3 bench/probe_partial_token_tiles.py --ms 36,40,66,72,80,88,96,104 --shapes 4096:14336,8192:8192,6144:4096,10240:8192 2>&1 ;;
     qbench)
       timeout 120 python3 bench/bench_quantize.py --out "$OUT/quantize_h200.json" 2>&1 ;;
+    qsweep)  # the per-token quantize kernel's vectors per thread: automatic against forced
+      timeout 200 python3 bench/bench_quantize.py --sweep 2>&1 ;;
     bench)
       timeout 300 python3 bench/bench_scaled_mm.py --out "$OUT/scaled_mm_h200.json" 2>&1 ;;
     ncu)

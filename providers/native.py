@@ -84,7 +84,7 @@ def _bind(lib) -> None:
     lib.qb_quantize.restype = ip
     lib.qb_quantize_workspace_size.argtypes = [i64, i64, ip]
     lib.qb_quantize_workspace_size.restype = sz
-    lib.qb_quantize_override.argtypes = [ip]
+    lib.qb_quantize_override.argtypes = [ip, ip]
     lib.qb_quantize_override.restype = None
 
 
@@ -310,9 +310,10 @@ def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
         _raise("qb_quantize", st, buf)
 
 
-def quantize_override(token_kernel: int = -1) -> None:
-    """Tuning/tests: force the per-token kernel (0 block per row, 1 row-pipelined; -1 automatic)."""
-    _need().qb_quantize_override(int(token_kernel))
+def quantize_override(token_kernel: int = -1, row_vecs: int = 0) -> None:
+    """Tuning/tests: force the per-token kernel (0 block per row, 1 row-pipelined; -1 automatic) and
+    the block-per-row kernel's 16-byte vectors per thread (1 to 4; 0 automatic)."""
+    _need().qb_quantize_override(int(token_kernel), int(row_vecs))
 
 
 def set_programmatic_launch(enabled: bool) -> None:

@@ -11,8 +11,10 @@
 //   STATIC_TENSOR  one elementwise pass.
 //   DYNAMIC_TOKEN  one fused pass: a block owns a row, keeps it in registers while it reduces the
 //                  row's amax, then scales and stores it (rows longer than the register cache are
-//                  re-read, from L2 in practice). per_token_pipelined_kernel (resident blocks that
-//                  prefetch their next row) is an alternative, slower on the H200, kept for tuning.
+//                  re-read, from L2 in practice). Few rows get wide blocks (one vector per thread),
+//                  many rows narrow ones (up to four): see row_vecs. per_token_pipelined_kernel
+//                  (resident blocks that prefetch their next row) is an alternative, slower on the
+//                  H200, kept for tuning.
 //   DYNAMIC_TENSOR memset(accumulator) -> amax pass (atomicMax) -> convert pass. The accumulator is
 //                  the caller's workspace, or, without one, `scale` itself followed by a one-thread
 //                  pass that turns the amax into the scale. No host sync, no allocation: capturable.
@@ -32,6 +34,18 @@ namespace {
 // a row gets up to kMaxTokenThreads threads, so rows up to 4096 vectors (32768 bf16) are read once.
 constexpr int kCacheVecs = 4;
 constexpr int kMaxTokenThreads = 1024;
+// How many of those vectors each thread takes (row_vecs below) depends on the input bytes per SM.
+// Small inputs are latency-bound: with four vectors per thread, few rows leave one or two warps per
+// SM sub-partition, and each thread's chain of divides and conversions runs with nothing to hide its
+// latency, so they get the fewest vectors per thread that still fit a row in one block. Large inputs
+// are bandwidth-bound, and four vectors per thread (fewer, smaller blocks) move them fastest. H200,
+// bf16 -> e4m3, four / two / one vectors per thread (bench: the quantize sweep in
+// bench/results/quantize_h200.log): 4096 columns, 16 rows 2.27 / 1.96 / 1.47 us, 768 rows 6.40 /
+// 5.85 / 5.44, 1024 rows 6.97 / 6.26 / 6.57, 2048 rows 9.94 / 10.87 / 11.33; 8192 columns, 768
+// rows 8.17 / 9.17 / 9.93; 14336 columns (one vector per thread does not fit), 128 rows 4.31 /
+// 4.10, 384 rows 8.36 / 8.93.
+constexpr int64_t kFewestVecsBytesPerSm = 52 * 1024;  // below: the fewest vectors that fit
+constexpr int64_t kTwoVecsBytesPerSm = 72 * 1024;     // below: at most two
 
 template <int QD>
 struct QTraits;
@@ -221,8 +235,10 @@ __device__ __forceinline__ float block_max(float m, float* red) {
   return m;
 }
 
-// DYNAMIC_TOKEN: block r quantizes row r. nvec = cols / VEC.
-template <typename T, int VEC, int QD>
+// DYNAMIC_TOKEN: block r quantizes row r. nvec = cols / VEC; each thread caches VECS vectors of the
+// row in registers (a template parameter: a run-time count would keep registers for kCacheVecs and
+// cost the wide blocks their occupancy).
+template <typename T, int VEC, int QD, int VECS>
 __global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
                                                         int64_t ldq, float* __restrict__ scales, int64_t nvec,
                                                         const float* __restrict__ scale_ub) {
@@ -232,17 +248,17 @@ __global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __
   const auto* xr = reinterpret_cast<const Vec<T, VEC>*>(x + r * ldx);
   uint8_t* qr = q + r * ldq;
 
-  Vec<T, VEC> cache[kCacheVecs];
+  Vec<T, VEC> cache[VECS];
   float m = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kCacheVecs; ++i) {
+  for (int i = 0; i < VECS; ++i) {
     const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
     if (idx < nvec) {
       cache[i] = load_once(xr + idx);
       m = vec_amax<T, VEC>(cache[i], m);
     }
   }
-  for (int64_t idx = threadIdx.x + int64_t(kCacheVecs) * blockDim.x; idx < nvec; idx += blockDim.x)
+  for (int64_t idx = threadIdx.x + int64_t(VECS) * blockDim.x; idx < nvec; idx += blockDim.x)
     m = vec_amax<T, VEC>(xr[idx], m);
 
   const float scale = scale_from_amax<QD>(block_max(m, red), scale_ub);
@@ -250,11 +266,11 @@ __global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __
   const Divisor div = make_divisor(scale);
 
 #pragma unroll
-  for (int i = 0; i < kCacheVecs; ++i) {
+  for (int i = 0; i < VECS; ++i) {
     const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
     if (idx < nvec) vec_store<T, VEC, QD>(cache[i], div, qr + idx * VEC);
   }
-  for (int64_t idx = threadIdx.x + int64_t(kCacheVecs) * blockDim.x; idx < nvec; idx += blockDim.x)
+  for (int64_t idx = threadIdx.x + int64_t(VECS) * blockDim.x; idx < nvec; idx += blockDim.x)
     vec_store<T, VEC, QD>(xr[idx], div, qr + idx * VEC);
 }
 
@@ -311,8 +327,26 @@ __global__ void __launch_bounds__(kMaxPipelinedThreads)
   }
 }
 
-// Tuning/tests (qb_quantize_override): -1 automatic, 0 one block per row, 1 persistent pipelined.
+// Tuning/tests (qb_quantize_override): -1 automatic, 0 one block per row, 1 persistent pipelined;
+// vectors per thread of the block-per-row kernel, 0 automatic.
 thread_local int t_token_kernel = -1;
+thread_local int t_row_vecs = 0;
+
+// Threads of a block that takes a row of nvec vectors, `vecs` per thread: a multiple of 32, at most
+// kMaxTokenThreads (longer rows loop past the register cache).
+int64_t token_threads(int64_t nvec, int vecs) {
+  return std::min<int64_t>(kMaxTokenThreads, std::max<int64_t>(32, qb::cdiv(qb::cdiv(nvec, vecs), 32) * 32));
+}
+
+// 16-byte vectors per thread of the block-per-row kernel (1, 2 or kCacheVecs) for rows of nvec
+// vectors: see kFewestVecsBytesPerSm.
+int row_vecs(int64_t rows, int64_t nvec, int sm_count) {
+  if (t_row_vecs > 0) return t_row_vecs >= kCacheVecs ? kCacheVecs : t_row_vecs >= 2 ? 2 : 1;
+  const int64_t bytes_per_sm = rows * nvec * 16 / std::max(sm_count, 1);
+  int vecs = bytes_per_sm < kFewestVecsBytesPerSm ? 1 : bytes_per_sm < kTwoVecsBytesPerSm ? 2 : kCacheVecs;
+  while (vecs < kCacheVecs && qb::cdiv(nvec, vecs) > kMaxTokenThreads) vecs *= 2;  // the row must fit one block
+  return vecs;
+}
 
 // Resident blocks per SM of a kernel at `threads` threads, cached per (kernel, device, threads).
 template <typename Kernel>
@@ -421,22 +455,29 @@ int launch(const QuantArgs& a, const qb::Err& err) {
   const unsigned grid_ew = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(qb::cdiv(total, threads), grid_cap)));
 
   if (a.mode == QB_QUANT_DYNAMIC_TOKEN) {
-    // kCacheVecs vectors per thread: short rows get small blocks (more rows in flight per SM).
-    const int t = static_cast<int>(
-        std::min<int64_t>(kMaxTokenThreads, std::max<int64_t>(32, qb::cdiv(qb::cdiv(nvec, kCacheVecs), 32) * 32)));
-    const bool fits = t <= kMaxPipelinedThreads;
+    // one, two or four vectors per thread on the 16-byte path; the scalar path (odd shapes) keeps four
+    const int vecs = VEC > 1 ? row_vecs(a.rows, nvec, a.sm_count) : kCacheVecs;
+    const int t = static_cast<int>(token_threads(nvec, vecs));
+    // the row-pipelined kernel caches kCacheVecs vectors per thread
+    const int t_pipelined = static_cast<int>(token_threads(nvec, kCacheVecs));
+    const bool fits = t_pipelined <= kMaxPipelinedThreads;
     // Measured on the H200 (bench_quantize.py): the row-pipelined kernel was no faster at 8192 x
     // 14336 and 19 % slower at 8192 x 4096 (39.3 vs 33.1 us) than one block per row, so it runs
     // only when forced (kept for tuning on other GPUs).
     const bool pipelined = fits && t_token_kernel == 1;
     if (pipelined) {
       const int64_t resident =
-          int64_t(a.sm_count) * resident_blocks(per_token_pipelined_kernel<T, VEC, QD>, t, a.device);
-      per_token_pipelined_kernel<T, VEC, QD><<<static_cast<unsigned>(std::min<int64_t>(a.rows, resident)), t, 0,
-                                               a.stream>>>(x, a.ldx, a.q, a.ldq, a.scale, a.rows, nvec, a.scale_ub);
+          int64_t(a.sm_count) * resident_blocks(per_token_pipelined_kernel<T, VEC, QD>, t_pipelined, a.device);
+      per_token_pipelined_kernel<T, VEC, QD><<<static_cast<unsigned>(std::min<int64_t>(a.rows, resident)), t_pipelined,
+                                               0, a.stream>>>(x, a.ldx, a.q, a.ldq, a.scale, a.rows, nvec, a.scale_ub);
     } else {
-      cudaError_t e = launch_kernel(per_token_kernel<T, VEC, QD>, static_cast<unsigned>(a.rows), t, a, x, a.ldx, a.q,
-                                    a.ldq, a.scale, nvec, a.scale_ub);
+      auto kernel = per_token_kernel<T, VEC, QD, kCacheVecs>;
+      if constexpr (VEC > 1) {
+        if (vecs == 1) kernel = per_token_kernel<T, VEC, QD, 1>;
+        if (vecs == 2) kernel = per_token_kernel<T, VEC, QD, 2>;
+      }
+      cudaError_t e = launch_kernel(kernel, static_cast<unsigned>(a.rows), t, a, x, a.ldx, a.q, a.ldq, a.scale, nvec,
+                                    a.scale_ub);
       if (e != cudaSuccess) return err.cuda(e, "qb_quantize: kernel launch");
     }
   } else if (a.mode == QB_QUANT_STATIC_TENSOR) {
@@ -478,7 +519,10 @@ int dispatch_q(int q_dtype, const QuantArgs& a, const qb::Err& err) {
 
 }  // namespace
 
-extern "C" void qb_quantize_override(int token_kernel) { t_token_kernel = token_kernel; }
+extern "C" void qb_quantize_override(int token_kernel, int row_vecs) {
+  t_token_kernel = token_kernel;
+  t_row_vecs = row_vecs;
+}
 
 extern "C" size_t qb_quantize_workspace_size(int64_t rows, int64_t cols, int mode) {
   (void)rows;

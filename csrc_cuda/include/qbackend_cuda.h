@@ -166,9 +166,10 @@ int qb_quantize(const void* x, int64_t ldx, void* q, int64_t ldq, float* scale, 
 size_t qb_quantize_workspace_size(int64_t rows, int64_t cols, int mode);
 
 /* Tuning and tests only: for the calling thread's later DYNAMIC_TOKEN calls, force the kernel
- * (-1 automatic, 0 one block per row, 1 persistent row-pipelined where the row fits; both give
- * identical results). */
-void qb_quantize_override(int token_kernel);
+ * (token_kernel: -1 automatic, 0 one block per row, 1 persistent row-pipelined where the row fits)
+ * and the one-block-per-row kernel's 16-byte vectors per thread (row_vecs: 0 automatic, 1 to 4).
+ * Every choice gives identical results. */
+void qb_quantize_override(int token_kernel, int row_vecs);
 
 #ifdef __cplusplus
 }

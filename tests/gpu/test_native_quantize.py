@@ -138,6 +138,31 @@ def test_dynamic_token(xdtype, qdtype, shape, ub, kernel):
     _same_bits(q, _quant_ref(x, s_ref, qdtype), f"dyn-token q {xdtype}->{qdtype} {shape}")
 
 
+@pytest.mark.parametrize("row_vecs", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", TOKEN_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("xdtype,qdtype", [(torch.bfloat16, torch.float8_e4m3fn), (torch.float32, torch.int8)],
+                         ids=str)
+def test_dynamic_token_row_vecs(xdtype, qdtype, shape, row_vecs):
+    """The block-per-row kernel with each forced number of cached vectors per thread (the automatic
+    choice takes one, two or four depending on rows and columns; every depth must give the same bits,
+    rows longer than the block's cache included)."""
+    g = torch.Generator(device=DEV)
+    g.seed()
+    rows, cols, extra, offset = shape
+    x = _x(rows, cols, extra, offset, xdtype, g)
+    scale = torch.full((rows, 1), float("nan"), device=DEV)
+    q = _q(rows, cols, qdtype)
+    native.quantize_override(0, row_vecs)
+    try:
+        native.quantize(x, q, scale, native.DYNAMIC_TOKEN)
+    finally:
+        native.quantize_override()
+    s_ref = _scale_ref(x.float().abs().amax(dim=1, keepdim=True), qdtype, None)
+    what = f"{row_vecs} vectors per thread, {xdtype}->{qdtype} {shape}"
+    _same_bits(scale, s_ref, f"dyn-token scale, {what}")
+    _same_bits(q, _quant_ref(x, s_ref, qdtype), f"dyn-token q, {what}")
+
+
 def test_zero_rows_and_tiny_values():
     # all-zero rows get the minimum scale and zero codes
     x = torch.zeros(4, 64, device=DEV, dtype=torch.bfloat16)
