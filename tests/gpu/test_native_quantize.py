@@ -145,7 +145,7 @@ def test_dynamic_token(xdtype, qdtype, shape, ub, kernel):
 def test_dynamic_token_row_vecs(xdtype, qdtype, shape, row_vecs):
     """The block-per-row kernel with each forced number of cached vectors per thread (the automatic
     choice takes one, two or four depending on rows and columns; every depth must give the same bits,
-    rows longer than the block's cache included)."""
+    rows longer than the block's cache included; the scalar path, for odd shapes, always takes four)."""
     g = torch.Generator(device=DEV)
     g.seed()
     rows, cols, extra, offset = shape
