@@ -39,11 +39,11 @@ constexpr int kMaxTokenThreads = 1024;
 // SM sub-partition, and each thread's chain of divides and conversions runs with nothing to hide its
 // latency, so they get the fewest vectors per thread that still fit a row in one block. Large inputs
 // are bandwidth-bound, and four vectors per thread (fewer, smaller blocks) move them fastest. H200,
-// bf16 -> e4m3, four / two / one vectors per thread (bench: the quantize sweep in
-// bench/results/quantize_h200.log): 4096 columns, 16 rows 2.27 / 1.96 / 1.47 us, 768 rows 6.40 /
-// 5.85 / 5.44, 1024 rows 6.97 / 6.26 / 6.57, 2048 rows 9.94 / 10.87 / 11.33; 8192 columns, 768
-// rows 8.17 / 9.17 / 9.93; 14336 columns (one vector per thread does not fit), 128 rows 4.31 /
-// 4.10, 384 rows 8.36 / 8.93.
+// bf16 -> e4m3, four / two / one vectors per thread (bench/bench_quantize.py --sweep, in
+// bench/results/quantize_h200.log): 4096 columns, 16 rows 2.27 / 1.97 / 1.47 us, 768 rows 6.43 /
+// 5.89 / 5.49, 1024 rows 6.97 / 6.29 / 6.62, 2048 rows 9.95 / 10.90 / 11.44; 8192 columns, 768
+// rows 8.20 / 9.25 / 10.02; 14336 columns (one vector per thread does not fit), 128 rows 4.32 /
+// 4.13, 384 rows 8.43 / 9.03.
 constexpr int64_t kFewestVecsBytesPerSm = 52 * 1024;  // below: the fewest vectors that fit
 constexpr int64_t kTwoVecsBytesPerSm = 72 * 1024;     // below: at most two
 
