@@ -42,24 +42,32 @@ def torch_quant(x):
     return q, scale
 
 
-def sweep_point(M, K):
-    """{label: us}: the automatic choice and each forced number of vectors per thread at one shape."""
+def token_inputs(M, K, scale):
+    """Copies of a bf16 x [M, K] (randn times scale) totalling >= ROTATE_BYTES (2 to 32 of them), each
+    with its q and per-row scale outputs, and qbackend's per-token call on each."""
     n = max(2, min(32, ROTATE_BYTES // (M * K * 2)))
-    xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
+    xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) * scale for _ in range(n)]
     qs = [torch.empty(M, K, device="cuda", dtype=F8) for _ in range(n)]
     ss = [torch.empty(M, 1, device="cuda") for _ in range(n)]
     fns = [lambda x=x, q=q, s=s: native.quantize(x, q, s, native.DYNAMIC_TOKEN) for x, q, s in zip(xs, qs, ss)]
+    return xs, qs, ss, fns
 
-    def forced(vecs):
-        def run():
-            native.quantize_override(0 if vecs else -1, vecs)
-            try:
-                return graph_time(fns)
-            finally:
-                native.quantize_override()
-        return run
 
-    return interleaved({"auto": forced(0), "v1": forced(1), "v2": forced(2), "v4": forced(4)}, 4)
+def forced_time(fns, kernel, vecs):
+    """graph_time(fns) with the per-token kernel and its vectors per thread forced (-1, 0: automatic)."""
+    native.quantize_override(kernel, vecs)
+    try:
+        return graph_time(fns)
+    finally:
+        native.quantize_override()
+
+
+def sweep_point(M, K):
+    """{label: us}: the automatic choice and each forced number of vectors per thread at one shape."""
+    fns = token_inputs(M, K, 1.0)[3]
+    timers = {"auto": lambda: forced_time(fns, -1, 0)}
+    timers.update({f"v{v}": (lambda v=v: forced_time(fns, 0, v)) for v in (1, 2, 4)})
+    return interleaved(timers, 4)
 
 
 def sweep():
@@ -111,10 +119,7 @@ def main():
     impls = [i for i in IMPLS if not (args.no_compile and i == "torch.compile")]
     rows = []
     for (M, K) in SHAPES:
-        n = max(2, min(32, ROTATE_BYTES // (M * K * 2)))
-        xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(n)]
-        qs = [torch.empty(M, K, device="cuda", dtype=F8) for _ in range(n)]
-        ss = [torch.empty(M, 1, device="cuda") for _ in range(n)]
+        xs, qs, ss, native_fns = token_inputs(M, K, 3.0)
         nbytes = M * K * 2 + M * K + M * 4
         # qbackend against the exact reference (IEEE divisions by tensors) before timing
         amax = xs[0].float().abs().amax(dim=-1, keepdim=True)
@@ -125,8 +130,7 @@ def main():
         line = []
         for impl in impls:
             if impl == "qbackend":
-                fns = [lambda x=x, q=q, s=s: native.quantize(x, q, s, native.DYNAMIC_TOKEN)
-                       for x, q, s in zip(xs, qs, ss)]
+                fns = native_fns
             elif impl == "torch.eager":
                 fns = [lambda x=x: torch_quant(x) for x in xs]
             else:
@@ -138,12 +142,9 @@ def main():
             if impl == "qbackend":  # log only: each forced per-token kernel
                 for kern, vecs, kname in ((0, 1, "block/1"), (0, 2, "block/2"), (0, 4, "block/4"),
                                           (1, 0, "pipelined")):
-                    native.quantize_override(kern, vecs)
-                    us_k = graph_time(fns)
-                    native.quantize_override()
-                    line.append(f"[{kname}={us_k:.2f}us]")
+                    line.append(f"[{kname}={forced_time(fns, kern, vecs):.2f}us]")
         print(f"M={M} K={K} " + " ".join(line), flush=True)
-        del xs, qs, ss
+        del xs, qs, ss, native_fns, fns
         torch.cuda.empty_cache()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
