@@ -312,7 +312,7 @@ def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
 
 def quantize_override(token_kernel: int = -1, row_vecs: int = 0) -> None:
     """Tuning/tests: force the per-token kernel (0 block per row, 1 row-pipelined; -1 automatic) and
-    the block-per-row kernel's 16-byte vectors per thread (1 to 4; 0 automatic)."""
+    the block-per-row kernel's 16-byte vectors per thread (1, 2 or 4, 3 runs as 2; 0 automatic)."""
     _need().qb_quantize_override(int(token_kernel), int(row_vecs))
 
 

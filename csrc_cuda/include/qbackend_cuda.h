@@ -167,7 +167,8 @@ size_t qb_quantize_workspace_size(int64_t rows, int64_t cols, int mode);
 
 /* Tuning and tests only: for the calling thread's later DYNAMIC_TOKEN calls, force the kernel
  * (token_kernel: -1 automatic, 0 one block per row, 1 persistent row-pipelined where the row fits)
- * and the one-block-per-row kernel's 16-byte vectors per thread (row_vecs: 0 automatic, 1 to 4).
+ * and the one-block-per-row kernel's 16-byte vectors per thread (row_vecs: 0 automatic; 1, 2 or 4, and 3
+ * runs as 2; the scalar path for unaligned rows always takes 4).
  * Every choice gives identical results. */
 void qb_quantize_override(int token_kernel, int row_vecs);
 
