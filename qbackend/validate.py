@@ -30,7 +30,8 @@ class WeightSpec:
         return 2
 
     def stride(self, i: int) -> int:
-        return (1, self.shape[0])[i]
+        # prepare_weight pads the weight's rows to whole 16-byte units (one byte per element)
+        return (1, -(-self.shape[0] // 16) * 16)[i]
 
     def element_size(self) -> int:
         return 1

@@ -41,6 +41,18 @@ class PreparedWeight:
         return WeightSpec(self.K, self.N, self.dtype, self.data.device)
 
 
+def _aligned_rows(t: torch.Tensor) -> torch.Tensor:
+    """t itself where it is row-major with 16-byte aligned rows (a data pointer and a row stride
+    in whole 16-byte units, as scaled_mm requires of a and b), else a copy laid out so: its rows
+    padded to a multiple of 16 bytes, which a K that is not one (K = 40 in fp8) needs."""
+    unit = 16 // t.element_size()
+    if t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.shape[0] <= 1 or t.stride(0) % unit == 0):
+        return t
+    rows, cols = t.shape
+    padded = torch.empty((rows, -(-cols // unit) * unit), dtype=t.dtype, device=t.device)[:, :cols]
+    return padded.copy_(t)
+
+
 def weight_scale_to_b(w_scale: torch.Tensor, N: int, K: int) -> torch.Tensor:
     """A weight's own scale ([] / [1], [N, 1], [ceil(N/bn), ceil(K/bk)]) in scale_b form."""
     if w_scale.numel() == 1:
@@ -62,8 +74,7 @@ def prepare_weight(w_q: torch.Tensor, w_scale: torch.Tensor, activation: torch.d
     fn = "prepare_weight"
     if not isinstance(w_q, torch.Tensor) or w_q.dim() != 2:
         _fail(fn, "w_q", "must be a 2-D [N, K] tensor", type(w_q).__name__, TypeError)
-    if not w_q.is_contiguous():
-        w_q = w_q.contiguous()
+    w_q = _aligned_rows(w_q)
     N, K = (int(d) for d in w_q.shape)
     scale_b = weight_scale_to_b(w_scale.float().to(w_q.device), N, K)
     weight_only = activation in qd.ACTIVATION_DTYPES
@@ -75,7 +86,7 @@ def prepare_weight(w_q: torch.Tensor, w_scale: torch.Tensor, activation: torch.d
     a_gran = "tensor" if weight_only else activation_granularity
     # A two-row stand-in activation with the right dtype, K and scales: validation and the
     # Problem come from the same code as a real call's.
-    a = torch.empty((2, K), dtype=activation, device=w_q.device)
+    a = _aligned_rows(torch.empty((2, K), dtype=activation, device=w_q.device))
     scale_a = None if weight_only else torch.empty(
         {"tensor": (), "token": (2, 1), "group": (2, -(-K // group_size))}[a_gran], device=w_q.device)
     bias_t = torch.empty(N, dtype=out_dtype or (activation if weight_only else torch.bfloat16),

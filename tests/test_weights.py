@@ -58,3 +58,28 @@ def test_linear_compiles(gen):
 
     x = torch.randn(4, 64, generator=gen)
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), f(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("act", [torch.float8_e4m3fn, torch.int8, torch.bfloat16])
+def test_prepare_weight_pads_rows_that_are_not_16_byte_multiples(act, gen):
+    """A K whose 8-bit rows are not whole 16-byte units (K = 40) used to fail inside
+    prepare_weight with an error about a stand-in activation; the weight is now copied into rows
+    padded to 16 bytes, the layout scaled_mm takes, and a weight whose rows already are so (a window
+    of a wider tensor) is kept as it is."""
+    N, K = 24, 40
+    wdtype = torch.int8 if act == torch.int8 else torch.float8_e4m3fn
+    qw, sw = qbackend.quantize(torch.randn(N, K, generator=gen), wdtype, "channel")
+    pw = qbackend.prepare_weight(qw, sw, act)
+    assert pw.data.shape == (N, K) and pw.data.stride() == (48, 1)
+    assert torch.equal(pw.data.view(torch.uint8), qw.view(torch.uint8))
+    x = torch.randn(5, 48, generator=gen)[:, :K]          # an activation with 16-byte rows
+    if act == torch.bfloat16:
+        a, sa = x.to(act), None
+    else:
+        a, sa = qbackend.quantize(torch.randn(5, 48, generator=gen), act, "token")
+        a = a[:, :K]
+    out = qbackend.linear(a, pw, sa)
+    assert_close(out, oracle_scaled_mm(a, qw.t(), sa, pw.scale), 8e-3)
+    wide, _ = qbackend.quantize(torch.randn(N, 48, generator=gen), wdtype, "channel")
+    window = wide[:, :K]
+    assert qbackend.prepare_weight(window, sw, act).data.data_ptr() == window.data_ptr()
