@@ -54,35 +54,45 @@ class Rule:
         if self.archs is not None and device.arch not in self.archs:
             return 3, f"needs {_names(self.archs)}{why}; device is {device.arch}", False
         sm = device.sm
+        outside = None  # the reason, where the device is outside the arch range but the rule may be forced
         if self.min_sm is not None or self.max_sm is not None:
             lo, hi = self.min_sm or 0, self.max_sm or 10**9
             if sm is None or not lo <= sm <= hi:
                 span = f"sm_{lo}+" if self.max_sm is None else f"sm_{lo} to sm_{hi}"
-                forceable = sm is not None and lo <= sm <= (self.forceable_max_sm or 0)
-                hint = "; force it with QBACKEND_PROVIDER" if forceable else ""
-                return 3, f"serves {span}{why}; device is {device.arch}{hint}", forceable
+                if not (sm is not None and lo <= sm <= (self.forceable_max_sm or 0)):
+                    return 3, f"serves {span}{why}; device is {device.arch}", False
+                outside = f"serves {span}{why}; device is {device.arch}; force it with QBACKEND_PROVIDER"
+        # Forcing lifts the arch range only: every check below still holds for a forced provider.
+        depth, reason = self._problem_mismatch(p)
+        if reason is not None:
+            return depth, reason, False
+        return (3, outside, True) if outside else (8, None, False)
+
+    def _problem_mismatch(self, p: Problem) -> tuple[int, str | None]:
+        """(how many checks passed, first failed check's reason or None) for what the rule takes of
+        the problem itself: scale granularities, quantization mode, out dtype, bias, alignment."""
         if self.scale_a and p.scale_a not in self.scale_a:
             what = "granularity" if p.op is Op.QUANTIZE else "scale_a granularity"
-            return 4, f"{what} {p.scale_a} not supported (takes {_names(self.scale_a)})", False
+            return 4, f"{what} {p.scale_a} not supported (takes {_names(self.scale_a)})"
         if self.scale_b and p.scale_b not in self.scale_b:
-            return 4, f"scale_b granularity {p.scale_b} not supported (takes {_names(self.scale_b)})", False
+            return 4, f"scale_b granularity {p.scale_b} not supported (takes {_names(self.scale_b)})"
         if p.op is Op.QUANTIZE:
             if p.static not in self.static:
-                return 4, f"{'static' if p.static else 'dynamic'} quantization not supported", False
+                return 4, f"{'static' if p.static else 'dynamic'} quantization not supported"
             if p.has_scale_ub and not self.scale_ub:
-                return 4, "scale_ub not supported", False
+                return 4, "scale_ub not supported"
         if self.out_dtypes and p.out_dtype not in self.out_dtypes:
-            return 5, f"out_dtype {qd.dtype_name(p.out_dtype)} not supported (takes {_names(self.out_dtypes)})", False
+            return 5, f"out_dtype {qd.dtype_name(p.out_dtype)} not supported (takes {_names(self.out_dtypes)})"
         if p.has_bias and not self.bias:
-            return 6, "bias not supported", False
+            return 6, "bias not supported"
         if p.k_align < self.k_align:
             dim = "the last dimension" if p.op is Op.QUANTIZE else "K"
-            return 7, f"needs {dim} to be a multiple of {self.k_align}", False
+            return 7, f"needs {dim} to be a multiple of {self.k_align}"
         if p.n_align < self.n_align:
             rule = ("needs the last dimension contiguous" if p.op is Op.QUANTIZE
                     else f"needs N to be a multiple of {self.n_align}")
-            return 7, rule, False
-        return 8, None, False
+            return 7, rule
+        return 8, None
 
 
 @dataclass

@@ -70,6 +70,36 @@ def test_marlin_can_be_forced_on_sm90(monkeypatch):
     assert qbackend.select("fp8_w8a8_per_tensor", probe.simulated("sm_90")).name == "cutlass"
 
 
+def test_forcing_lifts_the_arch_range_only(monkeypatch):
+    """A provider forced outside its arch range must still take the problem: forcing marlin on
+    sm_90 used to skip its other rules too, so N not a multiple of 8 reached the kernel (an error
+    from the library) and a block scale_b of N values was read as per-channel scales (a wrong
+    result). Such problems go on to normal selection, with the rule that refuses them as reason."""
+    import torch
+
+    import qbackend
+    from qbackend import probe, registry
+    from qbackend.problem import Granularity as G
+    from qbackend.problem import Op, Problem
+
+    monkeypatch.setenv("QBACKEND_PROVIDER", "marlin")
+    registry.reload()
+    sm90 = probe.simulated("sm_90")
+    E4M3, BF16 = torch.float8_e4m3fn, torch.bfloat16
+    fits = Problem(Op.SCALED_MM, BF16, E4M3, BF16, G.NONE, G.CHANNEL, False, 16, 16)
+    assert qbackend.select(fits, sm90).name == "marlin"
+    for problem, why in ((Problem(Op.SCALED_MM, BF16, E4M3, BF16, G.NONE, G.CHANNEL, False, 16, 4),
+                          "N to be a multiple of 8"),
+                         (Problem(Op.SCALED_MM, BF16, E4M3, BF16, G.NONE, G.BLOCK, False, 16, 16, group=128),
+                          "scale_b granularity block"),
+                         (Problem(Op.SCALED_MM, BF16, E4M3, torch.float16, G.NONE, G.CHANNEL, False, 16, 16),
+                          "output in the activation dtype")):
+        decision = qbackend.select(problem, sm90)
+        assert decision.name == "reference" and decision.how == "priority", problem
+        verdict = dict(decision.verdicts)["marlin"]
+        assert not verdict.forceable and why in verdict.reason, verdict
+
+
 def test_runtime_refusals_are_kept():
     """A provider's run-time refusal (library missing, a path it declines) must reach the verdict."""
     import torch
