@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|marlin|minilm|tune|ab|tokens|qbench|qsweep|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
+#   bash bench/run_h200.sh [tests|providers|random|marlin|minilm|tune|ab|tokens|qbench|qsweep|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -25,6 +25,11 @@ for step in $steps; do
       timeout 260 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/gpu/test_native_scaled_mm.py 2>&1 | tail -40 ;;
     providers)
       timeout 400 python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/gpu/test_core_gpu.py tests/gpu/test_providers_gpu.py 2>&1 | tail -30 ;;
+    random)  # seeded random calls through the public API against the reference, then a few under memcheck
+      QBACKEND_RANDOM_CASES=${RANDOM_CASES:-200} COLUMNS=400 timeout 420 python3 -m pytest -q -rf -p no:cacheprovider \
+        -W ignore::UserWarning tests/gpu/test_random_cases.py 2>&1 | tail -40
+      QBACKEND_RANDOM_CASES=${RANDOM_MEMCHECK_CASES:-10} timeout 300 compute-sanitizer --tool memcheck \
+        python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/gpu/test_random_cases.py 2>&1 | tail -8 ;;
     marlin)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_marlin.py 2>&1 | tail -15 ;;
     mbench)

@@ -3,53 +3,16 @@
 Outputs are poisoned (NaN) by the caching allocator's reuse of a NaN-filled block before each
 call, results are checked NaN-free, and tolerances are relative to the output's magnitude.
 """
-import os
-
 import pytest
 import torch
 
 import qbackend
-from qbackend import registry
+from gpu_helpers import poison, reference, rel_err, with_provider
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
 F8 = torch.float8_e4m3fn
 SM = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
-
-
-def poison(shape_bytes=64 << 20):
-    """Fill a large block with NaN and free it: the next allocations reuse poisoned memory."""
-    torch.empty(shape_bytes // 2, dtype=torch.bfloat16, device=DEV).fill_(float("nan"))
-
-
-def with_provider(monkeypatch, name, **env):
-    monkeypatch.setenv("QBACKEND_PROVIDER", name)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    registry.reload()
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    assert not torch.isnan(out).any(), "NaN in output"
-    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-
-
-def reference(fn, *args, **kw):
-    """Call fn with the reference provider forced, then restore the caller's selection."""
-    saved = os.environ.get("QBACKEND_PROVIDER")
-    os.environ["QBACKEND_PROVIDER"] = "reference"
-    registry.reload()
-    try:
-        return fn(*args, **kw)
-    finally:
-        if saved is None:
-            del os.environ["QBACKEND_PROVIDER"]
-        else:
-            os.environ["QBACKEND_PROVIDER"] = saved
-        registry.reload()
-
-
 CUTLASS_VARIANTS = [v for v in ("90", "89") if (v == "90" and SM == (9, 0)) or (v == "89" and SM >= (8, 9))]
 
 
@@ -212,3 +175,20 @@ def test_marlin_forced_through_prepare_and_linear(monkeypatch, variant, act, M):
                                 bias=None if b is None else b.float())
                 tol = 1e-2 if act == torch.bfloat16 else 2e-3
                 assert out.dtype == act and rel_err(out, ref) < tol, (N, K, b is None)
+
+
+def test_forced_marlin_keeps_its_other_rules(monkeypatch):
+    """Forced on a newer GPU, marlin serves only what its rules take; the rest goes to normal
+    selection. Before, a block scale_b with N values ([128, N / 128] at K = 16384) reached its kernel
+    and was read as per-channel scales (a wrong result), and N = 100 reached its library, which
+    refused it with an error."""
+    with_provider(monkeypatch, "marlin")
+    g = torch.Generator(device=DEV).manual_seed(torch.seed() % 2**31)
+    for N, K, gran in ((256, 16384, "block"), (100, 512, "channel")):
+        qw, sw = qbackend.quantize(torch.randn(N, K, device=DEV, generator=g), F8, gran)
+        scale_b = sw.t().contiguous() if gran == "block" else sw.t()
+        x = torch.randn(8, K, device=DEV, generator=g).to(torch.bfloat16)
+        poison()
+        out = qbackend.scaled_mm(x, qw.t(), None, scale_b, out_dtype=torch.bfloat16)
+        ref = reference(qbackend.scaled_mm, x, qw.t(), None, scale_b, out_dtype=torch.float32)
+        assert rel_err(out, ref) < 1e-2, (N, K, gran)

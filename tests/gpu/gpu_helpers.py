@@ -1,0 +1,42 @@
+"""What the GPU tests of the public API share: poisoned outputs, forced providers, the reference
+provider's answer for the same call, and the error measure they are compared with."""
+import os
+
+import torch
+
+from qbackend import registry
+
+DEV = "cuda"
+
+
+def poison(shape_bytes=64 << 20):
+    """Fill a large block with NaN and free it: the next allocations reuse poisoned memory."""
+    torch.empty(shape_bytes // 2, dtype=torch.bfloat16, device=DEV).fill_(float("nan"))
+
+
+def with_provider(monkeypatch, name, **env):
+    monkeypatch.setenv("QBACKEND_PROVIDER", name)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    registry.reload()
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert not torch.isnan(out).any(), "NaN in output"
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def reference(fn, *args, **kw):
+    """Call fn with the reference provider forced, then restore the caller's selection."""
+    saved = os.environ.get("QBACKEND_PROVIDER")
+    os.environ["QBACKEND_PROVIDER"] = "reference"
+    registry.reload()
+    try:
+        return fn(*args, **kw)
+    finally:
+        if saved is None:
+            del os.environ["QBACKEND_PROVIDER"]
+        else:
+            os.environ["QBACKEND_PROVIDER"] = saved
+        registry.reload()

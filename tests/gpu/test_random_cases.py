@@ -1,0 +1,256 @@
+"""Seeded random calls through the public API on a CUDA GPU, each against the reference provider.
+
+The other GPU tests pin the shapes and layouts the kernels were written for. These cases draw what
+a user may pass instead, within the API's rules:
+- M from 1 to 4096 (log-uniform), sometimes as a batch [B, M / B, K];
+- N and K from 16 to 16384, mostly multiples of 16 (what the kernels take) and sometimes not (what
+  the kernels refuse, so that the reference must serve them);
+- activations and weights as windows of larger tensors: a row offset, a column offset and a row
+  stride in whole 16-byte units, the layouts the API accepts;
+- every scale shape the kernels take (and the 0-d, [1], [N] and [1, N] spellings of them), bias on
+  and off, both half output dtypes;
+- the kernel families forced at random: sm_90a and sm_89 FP8, sm_80 and sm_75 INT8, marlin's
+  sm_80 and sm_75 paths (the older ones through their PTX on a newer GPU).
+Outputs are poisoned first; a GEMM must be NaN-free and within the stated tolerance of the fp32
+reference, a quantization bit for bit equal to it. The last test prints which provider served each
+family's cases and, from 50 cases on, checks that at least a third of them ran on the native
+kernels.
+
+    QBACKEND_RANDOM_CASES=N (cases per family, default 60)   QBACKEND_RANDOM_SEED=S (default 0)
+
+A case's id names its family and number; its inputs depend on nothing else, so a failing case
+reruns alone: pytest tests/gpu/test_random_cases.py -k "fp8-17".
+"""
+from __future__ import annotations
+
+import collections
+import math
+import os
+import random
+
+import pytest
+import torch
+
+import qbackend
+from gpu_helpers import DEV, poison, reference, rel_err, with_provider
+from qbackend.validate import validate_quantize, validate_scaled_mm
+
+pytestmark = pytest.mark.gpu
+F8 = torch.float8_e4m3fn
+SM = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+CASES = range(int(os.environ.get("QBACKEND_RANDOM_CASES", "60")))
+SEED = os.environ.get("QBACKEND_RANDOM_SEED", "0")
+MAX_MACS = 3 * 10**10  # keeps each case, its fp32 reference included, to milliseconds
+
+# (family, provider that served the case) -> cases; reported and checked by the last test.
+SERVED: collections.Counter = collections.Counter()
+NATIVE = {"fp8": "cutlass", "int8": "cutlass", "quantize": "cutlass", "marlin": "marlin"}
+
+# Kernel families to force, "" = the automatic choice.
+FP8_FAMILIES = [""] + (["90"] if SM == (9, 0) else []) + (["89"] if SM >= (8, 9) else [])
+INT8_FAMILIES = ["", "80", "75"] if SM >= (8, 0) else ["", "75"]
+MARLIN_FAMILIES = ["80", "75"] if SM >= (8, 0) else ["75"]
+
+
+def case_random(family: str, i: int):
+    """The case's own random streams (Python for the draws, torch for the data), from its id alone."""
+    r = random.Random(f"{SEED}:{family}:{i}")
+    g = torch.Generator(device=DEV).manual_seed(r.getrandbits(62))
+    return r, g
+
+
+def log_uniform(r, lo: int, hi: int) -> int:
+    return int(round(math.exp(r.uniform(math.log(lo), math.log(hi)))))
+
+
+def draw_dim(r, hi: int, align: int) -> int:
+    """A GEMM dimension: mostly a multiple of `align`, sometimes any size."""
+    if r.random() < 0.8:
+        return align * log_uniform(r, 1, hi // align)
+    return log_uniform(r, 1, hi)
+
+
+def draw_mnk(r, max_m: int, n_align: int):
+    N, K = draw_dim(r, 12288, n_align), draw_dim(r, 16384, 16)
+    M = min(log_uniform(r, 1, max_m), max(1, MAX_MACS // (N * K)))
+    return M, N, K
+
+
+def window(r, rows: int, cols: int, elem_bytes: int):
+    """(shape of a larger tensor, (row, column) offset) of a [rows, cols] window in it whose row
+    stride and column offset are whole 16-byte units: either the whole tensor, where that is a
+    legal layout, or a window with spare rows and columns around it."""
+    unit = 16 // elem_bytes
+    if r.random() < 0.4 and (cols % unit == 0 or rows == 1):
+        return (rows, cols), (0, 0)
+    c0 = unit * r.randint(0, 2)
+    spare_rows = r.randint(0, 3)
+    width = -(-(c0 + cols + r.randint(0, unit)) // unit) * unit
+    return (rows + spare_rows, width), (r.randint(0, spare_rows), c0)
+
+
+def cut(t: torch.Tensor, offset, rows: int, cols: int) -> torch.Tensor:
+    return t[offset[0]:offset[0] + rows, offset[1]:offset[1] + cols]
+
+
+def batch_split(r, M: int):
+    """Leading dimensions for M rows: (M,) or, sometimes, a batch (B, M / B)."""
+    divisors = [b for b in (2, 3, 4) if M % b == 0]
+    if divisors and r.random() < 0.25:
+        b = r.choice(divisors)
+        return (b, M // b)
+    return (M,)
+
+
+def quantized_operands(r, g, M: int, N: int, K: int, dtype):
+    """A [M, K] quantized activation with its scale and a column-major [K, N] weight with its
+    per-channel scale, each cut from a larger quantized tensor (so with a row stride and offsets)."""
+    (R, C), at = window(r, M, K, 1)
+    act_gran = r.choice(["token", "tensor"])
+    qx_all, sx_all = qbackend.quantize(torch.randn(R, C, device=DEV, generator=g), dtype, act_gran)
+    qx = cut(qx_all, at, M, K)
+    sx = sx_all[at[0]:at[0] + M] if act_gran == "token" else sx_all
+    (NR, KC), wat = window(r, N, K, 1)
+    qw_all, sw_all = qbackend.quantize(torch.randn(NR, KC, device=DEV, generator=g), dtype, "channel")
+    qw, sw = cut(qw_all, wat, N, K), sw_all[wat[0]:wat[0] + N]
+    return qx, sx, act_gran, qw, sw
+
+
+def weight_scale(r, sw: torch.Tensor):
+    """One spelling of a per-channel ([N, 1] as [1, N] or [N]) or per-tensor ([] or [1]) scale."""
+    return r.choice([lambda: sw.t(), lambda: sw.reshape(-1), lambda: sw.max(), lambda: sw.max().reshape(1)])()
+
+
+def served_by(family: str, problem) -> str:
+    """The provider selected for the case's problem, counted in SERVED."""
+    name = qbackend.select(problem, torch.device(DEV)).name
+    SERVED[(family, name)] += 1
+    return name
+
+
+def check_w8a8(monkeypatch, family: str, i: int, dtype, families):
+    r, g = case_random(family, i)
+    forced = r.choice(families)
+    with_provider(monkeypatch, "cutlass", QBACKEND_CUTLASS_VARIANT=forced)
+    M, N, K = draw_mnk(r, 4096, 16)
+    qx, sx, act_gran, qw, sw = quantized_operands(r, g, M, N, K, dtype)
+    lead = batch_split(r, M)
+    a = qx.reshape(lead + (K,))
+    scale_a = sx.reshape(lead + (1,)) if act_gran == "token" else sx
+    scale_b = weight_scale(r, sw)
+    out_dtype = r.choice([torch.bfloat16, torch.float16])
+    bias = torch.randn(N, device=DEV, generator=g).to(out_dtype) if r.random() < 0.5 else None
+    prepared = r.random() < 0.3
+    what = dict(M=M, N=N, K=K, lead=lead, a_stride=tuple(a.stride()), b_stride=tuple(qw.t().stride()),
+                scale_a=tuple(scale_a.shape), scale_b=tuple(scale_b.shape), out=out_dtype,
+                bias=bias is not None, family=forced or "auto", prepared=prepared,
+                provider=served_by(family, validate_scaled_mm(a, qw.t(), scale_a, scale_b, out_dtype, bias)))
+    poison()
+    if prepared:  # the weight laid out once (prepare_weight), then linear
+        w_scale = sw if scale_b.numel() > 1 else scale_b  # the weight's own [N, 1] form, or one value
+        pw = qbackend.prepare_weight(qw, w_scale, dtype, act_gran, out_dtype, bias=bias is not None)
+        scale_b = pw.scale
+        out = qbackend.linear(a, pw, scale_a, bias, out_dtype)
+    else:
+        out = qbackend.scaled_mm(a, qw.t(), scale_a, scale_b, out_dtype=out_dtype, bias=bias)
+    ref = reference(qbackend.scaled_mm, a, qw.t(), scale_a, scale_b, out_dtype=torch.float32,
+                    bias=None if bias is None else bias.float())
+    assert out.shape == lead + (N,) and out.dtype == out_dtype, what
+    # FP8 with fast accumulation (as cuBLASLt's use_fast_accum): up to 3e-3 of max|out| measured at
+    # K = 4096 and 1.3e-2 at K = 28672 (test_providers_gpu.py); INT8 accumulates exactly.
+    tol = 1e-2 if dtype == torch.int8 or K <= 8192 else 2e-2
+    assert rel_err(out, ref) < tol, what
+
+
+@pytest.mark.skipif(SM < (8, 9), reason="fp8 tensor cores need sm_89+")
+@pytest.mark.parametrize("i", CASES, ids=lambda i: f"fp8-{i}")
+def test_random_fp8_scaled_mm(monkeypatch, i):
+    check_w8a8(monkeypatch, "fp8", i, F8, FP8_FAMILIES)
+
+
+@pytest.mark.skipif(SM < (7, 5), reason="int8 tensor cores need sm_75+")
+@pytest.mark.parametrize("i", CASES, ids=lambda i: f"int8-{i}")
+def test_random_int8_scaled_mm(monkeypatch, i):
+    check_w8a8(monkeypatch, "int8", i, torch.int8, INT8_FAMILIES)
+
+
+@pytest.mark.parametrize("i", CASES, ids=lambda i: f"quantize-{i}")
+def test_random_quantize(monkeypatch, i):
+    r, g = case_random("quantize", i)
+    with_provider(monkeypatch, "cutlass")
+    x_dtype = r.choice([torch.bfloat16, torch.float16, torch.float32])
+    dtype = r.choice([F8, torch.float8_e5m2, torch.int8])
+    M, K = log_uniform(r, 1, 8192), draw_dim(r, 16384, 16)
+    M = min(M, max(1, 2 * 10**8 // K))
+    shape, at = window(r, M, K, torch.finfo(x_dtype).bits // 8)
+    magnitude = 10.0 ** r.uniform(-3, 3)
+    x = cut((torch.randn(shape, device=DEV, generator=g) * magnitude).to(x_dtype), at, M, K)
+    if M > 1 and r.random() < 0.3:
+        x[r.randrange(M)] = 0  # an all-zero row takes the smallest scale
+    x = x.reshape(batch_split(r, M) + (K,))
+    kw = r.choice([dict(granularity="token"), dict(granularity="tensor"),
+                   dict(granularity="token", scale_ub=torch.tensor([magnitude], device=DEV)),
+                   dict(granularity="tensor", scale_ub=torch.tensor(magnitude / 2, device=DEV)),
+                   dict(scale=torch.tensor(magnitude / 100, device=DEV))])
+    what = dict(shape=tuple(x.shape), stride=tuple(x.stride()), x=x_dtype, q=dtype, **kw)
+    problem = validate_quantize(x, dtype, kw.get("granularity", "tensor"), kw.get("scale"), kw.get("scale_ub"),
+                                128, (128, 128))
+    what["provider"] = served_by("quantize", problem)
+    poison()
+    q, s = qbackend.quantize(x, dtype, **kw)
+    rq, rs = reference(qbackend.quantize, x, dtype, **kw)
+    assert q.shape == x.shape and s.shape == rs.shape, what
+    assert torch.equal(s, rs), what
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), what
+
+
+@pytest.mark.parametrize("i", CASES, ids=lambda i: f"marlin-{i}")
+def test_random_marlin(monkeypatch, i):
+    r, g = case_random("marlin", i)
+    variant, act = r.choice(MARLIN_FAMILIES), r.choice([torch.float16, torch.bfloat16])
+    with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
+    M, N, K = draw_mnk(r, 1100, 8)
+    (NR, KC), wat = window(r, N, K, 1)
+    qw_all, sw_all = qbackend.quantize(torch.randn(NR, KC, device=DEV, generator=g), F8, "channel")
+    qw, sw = cut(qw_all, wat, N, K), sw_all[wat[0]:wat[0] + N]
+    per_channel = r.random() < 0.7
+    (R, C), at = window(r, M, K, 2)
+    x = cut(torch.randn(R, C, device=DEV, generator=g).to(act), at, M, K)
+    bias = torch.randn(N, device=DEV, generator=g).to(act) if r.random() < 0.5 else None
+    prepared = r.random() < 0.7
+    what = dict(M=M, N=N, K=K, x_stride=tuple(x.stride()), w_stride=tuple(qw.stride()), act=act,
+                per_channel=per_channel, bias=bias is not None, variant=variant, prepared=prepared)
+    poison()
+    if prepared:
+        pw = qbackend.prepare_weight(qw, sw if per_channel else sw.max(), act, bias=bias is not None)
+        scale_b = pw.scale
+        what["provider"] = pw.provider
+        SERVED[("marlin", pw.provider)] += 1
+        out = qbackend.linear(x, pw, None, bias)
+    else:
+        scale_b = sw.t() if per_channel else sw.max()
+        what["provider"] = served_by("marlin", validate_scaled_mm(x, qw.t(), None, scale_b, act, bias))
+        out = qbackend.scaled_mm(x, qw.t(), None, scale_b, out_dtype=act, bias=bias)
+    ref = reference(qbackend.scaled_mm, x, qw.t(), None, scale_b, out_dtype=torch.float32,
+                    bias=None if bias is None else bias.float())
+    assert out.shape == (M, N) and out.dtype == act, what
+    # as test_providers_gpu.py: bf16 carries 8 significant bits, fp16 11
+    tol = 1e-2 if act == torch.bfloat16 else 2e-3
+    assert rel_err(out, ref) < tol, what
+
+
+def test_the_cases_reached_the_kernels(capsys):
+    """Runs last: which provider served each family's cases (printed), and a check that the draws
+    keep a third of them at least on the native kernels rather than on the reference fallback."""
+    families = sorted({f for f, _ in SERVED})
+    cases = {fam: sum(n for (f, _), n in SERVED.items() if f == fam) for fam in families}
+    if not families or min(cases.values()) < len(CASES):
+        pytest.skip("counts every case of the file: run it whole")
+    with capsys.disabled():
+        for fam in families:
+            counts = {p: n for (f, p), n in sorted(SERVED.items()) if f == fam}
+            print(f"\n{fam}: {len(CASES)} cases served by {counts}", end="")
+        print()
+    if len(CASES) >= 50:  # fewer are too few to judge a share by
+        for fam in families:
+            assert SERVED[(fam, NATIVE[fam])] >= len(CASES) / 3, (fam, dict(SERVED))
