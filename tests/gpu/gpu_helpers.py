@@ -27,6 +27,17 @@ def rel_err(out, ref):
     return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
+def captured(step):
+    """step() run once eagerly, then captured in a CUDA graph: (the graph, what the captured call
+    returned, which each replay rewrites)."""
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
 def reference(fn, *args, **kw):
     """Call fn with the reference provider forced, then restore the caller's selection."""
     saved = os.environ.get("QBACKEND_PROVIDER")

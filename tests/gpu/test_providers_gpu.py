@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import qbackend
-from gpu_helpers import poison, reference, rel_err, with_provider
+from gpu_helpers import captured, poison, reference, rel_err, with_provider
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -120,11 +120,7 @@ def test_cuda_graph_quantize_and_scaled_mm():
         qx, sx = qbackend.quantize(static_x, F8, "token")
         return qbackend.linear(qx, pw, sx)
 
-    step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = captured(step)
     for _ in range(3):
         static_x.copy_(torch.randn(16, K, device=DEV))
         graph.replay()

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 import qbackend
-from gpu_helpers import DEV, poison, reference, rel_err, with_provider
+from gpu_helpers import DEV, captured, poison, reference, rel_err, with_provider
 from qbackend.validate import validate_quantize, validate_scaled_mm
 
 pytestmark = pytest.mark.gpu
@@ -277,11 +277,7 @@ def test_random_graph_replay(monkeypatch, i):
 
     what = dict(M=M, N=N, K=K, w8a8=w8a8, act=act_gran, out=out_dtype, bias=bias is not None,
                 w_scale=tuple(w_scale.shape), provider=pw.provider, x_stride=tuple(x.stride()))
-    step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = captured(step)
     for _ in range(2):
         x_all.copy_(torch.randn(R, C, device=DEV, generator=g))
         graph.replay()
