@@ -2,18 +2,19 @@
 
 The other GPU tests pin the shapes and layouts the kernels were written for. These cases draw what
 a user may pass instead, within the API's rules:
-- M from 1 to 4096 (log-uniform), sometimes as a batch [B, M / B, K];
-- N and K from 16 to 16384, mostly multiples of 16 (what the kernels take) and sometimes not (what
-  the kernels refuse, so that the reference must serve them);
+- M from 1 to 4096 (log-uniform; less where N x K is large), sometimes as a batch [B, M / B, K];
+- N up to 12288 and K up to 16384, mostly multiples of 16 (of 8 for marlin's N: what the kernels
+  take) and sometimes any size from 1 (what the kernels refuse, so that the reference must serve);
 - activations and weights as windows of larger tensors: a row offset, a column offset and a row
   stride in whole 16-byte units, the layouts the API accepts;
 - every scale shape the kernels take (and the 0-d, [1], [N] and [1, N] spellings of them), bias on
   and off, both half output dtypes;
 - the kernel families forced at random: sm_90a and sm_89 FP8, sm_80 and sm_75 INT8, marlin's
   sm_80 and sm_75 paths (the older ones through their PTX on a newer GPU);
-- and quantize + linear captured in a CUDA graph and replayed on new activations.
-Outputs are poisoned first; a GEMM must be NaN-free and within the stated tolerance of the fp32
-reference, a quantization bit for bit equal to it. The last test prints which provider served each
+- and quantize + linear (W8A8) or linear (W8A16) captured in a CUDA graph and replayed on new
+  activations.
+Outputs outside graphs are poisoned first; a GEMM must be NaN-free and within the stated tolerance
+of the fp32 reference, a quantization bit for bit equal to it. The last test prints which provider served each
 family's cases and, from 50 cases on, checks that at least a third of them ran on the native
 kernels.
 
