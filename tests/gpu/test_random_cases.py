@@ -11,8 +11,8 @@ a user may pass instead, within the API's rules:
   and off, both half output dtypes;
 - the kernel families forced at random: sm_90a and sm_89 FP8, sm_80 and sm_75 INT8, marlin's
   sm_80 and sm_75 paths (the older ones through their PTX on a newer GPU);
-- and quantize + linear (W8A8) or linear (W8A16) captured in a CUDA graph and replayed on new
-  activations.
+- quantize + linear (W8A8) or linear (W8A16) captured in a CUDA graph and replayed on new
+  activations, and quantize + scaled_mm or linear through torch.compile(fullgraph=True).
 Outputs outside graphs are poisoned first; a GEMM must be NaN-free and within the stated tolerance
 of the fp32 reference, a quantization bit for bit equal to it. The last test prints which provider served each
 family's cases and, from 50 cases on, checks that at least a third of them ran on the native
@@ -43,6 +43,7 @@ SM = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
 CASES = range(int(os.environ.get("QBACKEND_RANDOM_CASES", "60")))
 SEED = os.environ.get("QBACKEND_RANDOM_SEED", "0")
 MAX_MACS = 3 * 10**10  # keeps each case, its fp32 reference included, to milliseconds
+COMPILED_CASES = 24  # each compiles a graph (seconds), so fewer of them
 
 # (family, provider that served the case) -> cases; reported and checked by the last test.
 SERVED: collections.Counter = collections.Counter()
@@ -293,6 +294,44 @@ def test_random_graph_replay(monkeypatch, i):
                             bias=None if bias is None else bias.float())
         tol = (1e-2 if K <= 8192 else 2e-2) if w8a8 else (1e-2 if dtype == torch.bfloat16 else 2e-3)
         assert rel_err(out, ref) < tol, what
+
+
+@pytest.mark.skipif(SM < (8, 9), reason="fp8 tensor cores need sm_89+")
+@pytest.mark.parametrize("i", CASES[:COMPILED_CASES], ids=lambda i: f"compile-{i}")
+def test_random_compiled(monkeypatch, i):
+    """quantize + scaled_mm (or linear) and an elementwise op after them, through
+    torch.compile(fullgraph=True): the compiled function equals the eager one bit for bit, so the
+    ops' fake implementations describe what the kernels return (shapes, strides, dtypes)."""
+    r, g = case_random("compile", i)
+    with_provider(monkeypatch, "cutlass")
+    torch._dynamo.reset()  # a fresh cache per case: no recompile limit reached across cases
+    M, N, K = draw_mnk(r, 512, 16)
+    K = -(-K // 16) * 16  # quantize's output rows must be whole 16-byte units for scaled_mm
+    lead = batch_split(r, M)
+    (R, C), at = window(r, M, K, 2)
+    x = cut(torch.randn(R, C, device=DEV, generator=g).to(torch.bfloat16), at, M, K).reshape(lead + (K,))
+    (NR, KC), wat = window(r, N, K, 1)
+    qw_all, sw_all = qbackend.quantize(torch.randn(NR, KC, device=DEV, generator=g), F8, "channel")
+    qw, sw = cut(qw_all, wat, N, K), sw_all[wat[0]:wat[0] + N]
+    act_gran, out_dtype = r.choice(["token", "tensor"]), r.choice([torch.bfloat16, torch.float16])
+    bias = torch.randn(N, device=DEV, generator=g).to(out_dtype) if r.random() < 0.5 else None
+    prepared = r.random() < 0.5
+    scale_b = weight_scale(r, sw)
+    pw = qbackend.prepare_weight(qw, sw if scale_b.numel() > 1 else scale_b, F8, act_gran, out_dtype,
+                                 bias=bias is not None) if prepared else None
+
+    def f(x):
+        qx, sx = qbackend.quantize(x, F8, act_gran)
+        if prepared:
+            y = qbackend.linear(qx, pw, sx, bias, out_dtype)
+        else:
+            y = qbackend.scaled_mm(qx, qw.t(), sx, scale_b, out_dtype=out_dtype, bias=bias)
+        return torch.relu(y.float()) * 0.5, sx  # exact in both (no sum that could round otherwise)
+
+    what = dict(M=M, N=N, K=K, lead=lead, x_stride=tuple(x.stride()), act=act_gran, out=out_dtype,
+                bias=bias is not None, prepared=prepared, scale_b=tuple(scale_b.shape))
+    (y, sx), (y_eager, sx_eager) = torch.compile(f, fullgraph=True, dynamic=False)(x), f(x)
+    assert torch.equal(sx, sx_eager) and torch.equal(y, y_eager), what
 
 
 def test_the_cases_reached_the_kernels(capsys):
