@@ -104,6 +104,14 @@ def batch_split(r, M: int):
     return (M,)
 
 
+def quantized_weight(r, g, N: int, K: int, dtype):
+    """A row-major [N, K] weight quantized per channel, and its [N, 1] scale, cut from a larger
+    quantized tensor (so with a row stride and offsets)."""
+    (NR, KC), at = window(r, N, K, 1)
+    qw_all, sw_all = qbackend.quantize(torch.randn(NR, KC, device=DEV, generator=g), dtype, "channel")
+    return cut(qw_all, at, N, K), sw_all[at[0]:at[0] + N]
+
+
 def quantized_operands(r, g, M: int, N: int, K: int, dtype):
     """A [M, K] quantized activation with its scale and a column-major [K, N] weight with its
     per-channel scale, each cut from a larger quantized tensor (so with a row stride and offsets)."""
@@ -112,9 +120,7 @@ def quantized_operands(r, g, M: int, N: int, K: int, dtype):
     qx_all, sx_all = qbackend.quantize(torch.randn(R, C, device=DEV, generator=g), dtype, act_gran)
     qx = cut(qx_all, at, M, K)
     sx = sx_all[at[0]:at[0] + M] if act_gran == "token" else sx_all
-    (NR, KC), wat = window(r, N, K, 1)
-    qw_all, sw_all = qbackend.quantize(torch.randn(NR, KC, device=DEV, generator=g), dtype, "channel")
-    qw, sw = cut(qw_all, wat, N, K), sw_all[wat[0]:wat[0] + N]
+    qw, sw = quantized_weight(r, g, N, K, dtype)
     return qx, sx, act_gran, qw, sw
 
 
@@ -212,9 +218,7 @@ def test_random_marlin(monkeypatch, i):
     variant, act = r.choice(MARLIN_FAMILIES), r.choice([torch.float16, torch.bfloat16])
     with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
     M, N, K = draw_mnk(r, 1100, 8)
-    (NR, KC), wat = window(r, N, K, 1)
-    qw_all, sw_all = qbackend.quantize(torch.randn(NR, KC, device=DEV, generator=g), F8, "channel")
-    qw, sw = cut(qw_all, wat, N, K), sw_all[wat[0]:wat[0] + N]
+    qw, sw = quantized_weight(r, g, N, K, F8)
     per_channel = r.random() < 0.7
     (R, C), at = window(r, M, K, 2)
     x = cut(torch.randn(R, C, device=DEV, generator=g).to(act), at, M, K)
@@ -260,9 +264,7 @@ def test_random_graph_replay(monkeypatch, i):
         with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
         dtype, act_gran = out_dtype if variant == "80" else torch.float16, "tensor"
         out_dtype = dtype
-    (NR, KC), wat = window(r, N, K, 1)
-    qw_all, sw_all = qbackend.quantize(torch.randn(NR, KC, device=DEV, generator=g), F8, "channel")
-    qw, sw = cut(qw_all, wat, N, K), sw_all[wat[0]:wat[0] + N]
+    qw, sw = quantized_weight(r, g, N, K, F8)
     w_scale = sw if r.random() < 0.7 else sw.max()
     bias = torch.randn(N, device=DEV, generator=g).to(out_dtype) if r.random() < 0.5 else None
     pw = qbackend.prepare_weight(qw, w_scale, dtype, act_gran, out_dtype, bias=bias is not None)
@@ -310,9 +312,7 @@ def test_random_compiled(monkeypatch, i):
     lead = batch_split(r, M)
     (R, C), at = window(r, M, K, 2)
     x = cut(torch.randn(R, C, device=DEV, generator=g).to(torch.bfloat16), at, M, K).reshape(lead + (K,))
-    (NR, KC), wat = window(r, N, K, 1)
-    qw_all, sw_all = qbackend.quantize(torch.randn(NR, KC, device=DEV, generator=g), F8, "channel")
-    qw, sw = cut(qw_all, wat, N, K), sw_all[wat[0]:wat[0] + N]
+    qw, sw = quantized_weight(r, g, N, K, F8)
     act_gran, out_dtype = r.choice(["token", "tensor"]), r.choice([torch.bfloat16, torch.float16])
     bias = torch.randn(N, device=DEV, generator=g).to(out_dtype) if r.random() < 0.5 else None
     prepared = r.random() < 0.5
