@@ -68,7 +68,7 @@ def main():
     for (N, K) in shapes:
         n = weight_copies(N, K)
         w8 = [random_e4m3(N, K) for _ in range(n)]
-        packed = [mn.prepare(w) for w in w8]
+        packed = [mn.prepare(w, torch.bfloat16) for w in w8]
         wb = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in range(n)]
         scale = (torch.rand(N, device=dev) + 0.5) / (130.0 * math.sqrt(K))
         ws = mn.new_workspace(N, K, dev)

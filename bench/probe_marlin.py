@@ -49,7 +49,7 @@ def use_library(path: str):
 
 def problem(M: int, N: int, K: int):
     """Rotated packed weights (see weight_copies), per-channel scales, workspace, activations, output."""
-    packed = [mn.prepare(random_e4m3(N, K)) for _ in range(weight_copies(N, K))]
+    packed = [mn.prepare(random_e4m3(N, K), torch.bfloat16) for _ in range(weight_copies(N, K))]
     scale = torch.rand(N, device=dev) + 0.5
     ws = mn.new_workspace(N, K, dev)
     a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)

@@ -38,7 +38,7 @@ def main() -> None:
     g.manual_seed(0)
     for M, N, K in points:
         w8 = random_e4m3(N, K, g)
-        packed = mn.prepare(w8)
+        packed = mn.prepare(w8, torch.bfloat16)
         wb = w8.to(torch.bfloat16)
         scale = torch.rand(N, device="cuda", generator=g) + 0.5
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)

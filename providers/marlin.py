@@ -29,7 +29,8 @@ from . import marlin_native
 CUDA = frozenset({"cuda"})
 NEWEST = 10**3  # forceable on every newer chip
 VARIANT_ENV = "QBACKEND_MARLIN_VARIANT"
-LAYOUT = "marlin-128x128"
+# The packing follows the activation dtype (marlin_native.prepare), so the layout name does too.
+LAYOUTS = {torch.float16: "marlin-128x128-f16", torch.bfloat16: "marlin-128x128-bf16"}
 
 
 class MarlinProvider(Provider):
@@ -71,8 +72,8 @@ class MarlinProvider(Provider):
 
     def prepare_weight(self, w_q, scale_b, problem):
         N, K = w_q.shape
-        packed = marlin_native.prepare(w_q)
-        return PreparedWeight(self.name, LAYOUT, packed, scale_b, N, K, w_q.dtype, problem)
+        packed = marlin_native.prepare(w_q, problem.a_dtype)
+        return PreparedWeight(self.name, LAYOUTS[problem.a_dtype], packed, scale_b, N, K, w_q.dtype, problem)
 
     def _mm(self, a, packed, scale_b, bias, N, K):
         out = torch.empty((a.shape[0], N), dtype=a.dtype, device=a.device)
@@ -80,8 +81,16 @@ class MarlinProvider(Provider):
                                 variant=self.variant)
 
     def scaled_mm_prepared(self, a, weight, scale_a, out_dtype, bias, problem):
-        if weight.layout != LAYOUT:
+        if weight.layout == "nk":
             return self.scaled_mm(a, weight.data.t(), scale_a, weight.scale, out_dtype, bias, problem)
+        if weight.layout != LAYOUTS.get(a.dtype):
+            packed_for = {name: d for d, name in LAYOUTS.items()}.get(weight.layout)
+            if packed_for is None:
+                raise ValueError(f"qbackend.linear: weight: marlin does not know the layout {weight.layout!r}; "
+                                 "prepare the weight again")
+            raise ValueError(f"qbackend.linear: a: the weight was prepared for {qd.dtype_name(packed_for)} "
+                             f"activations (marlin packs a weight for one activation dtype), got "
+                             f"{qd.dtype_name(a.dtype)}: prepare it again with activation={a.dtype}")
         return self._mm(a, weight.data, weight.scale, bias, weight.N, weight.K)
 
     def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem):
@@ -91,7 +100,7 @@ class MarlinProvider(Provider):
                           "call; prepare it once with qbackend.prepare_weight (or use QuantLinear)",
                           stacklevel=4)
         K, N = b.shape
-        packed = marlin_native.prepare(b.t(), check_nan=False)
+        packed = marlin_native.prepare(b.t(), a.dtype, check_nan=False)
         return self._mm(a, packed, scale_b, bias, N, K)
 
     def info(self):

@@ -3,8 +3,12 @@
 The library, its loading and its error reporting are those of `native` (the same
 libqbackend_cuda); this module binds the marlin entry points on that handle.
 
-    packed = prepare(w_e4m3)                        # load time: [N, K] float8_e4m3fn -> packed uint8
+    packed = prepare(w_e4m3, torch.bfloat16)        # load time: [N, K] float8_e4m3fn -> packed bytes
     mm(a, packed, w_scale, bias, out, N, K)         # out = w_scale * (a @ w.T) + bias, in a's dtype
+
+The packing depends on the activation dtype (the kernel decodes fp16 and bf16 weights from different
+bit placements), so a weight is prepared for the dtype it will be multiplied with. The packed
+tensor's dtype records which: uint8 for float16 activations, int8 for bfloat16; mm refuses the other.
 
 `mm` never synchronizes and is CUDA-graph capturable. Split-K launches need a zeroed workspace
 (tile counters the kernel returns to zero, plus partial sums). By default one workspace per device
@@ -47,7 +51,7 @@ def _bind(lib):
     lib.qb_marlin_packed_bytes.restype = sz
     lib.qb_marlin_workspace_bytes.argtypes = [i64, i64]
     lib.qb_marlin_workspace_bytes.restype = sz
-    lib.qb_marlin_prepare.argtypes = [vp, i64, i64, i64, vp, sz, vp, vp, c.c_char_p, sz]
+    lib.qb_marlin_prepare.argtypes = [vp, i64, i64, i64, ip, vp, sz, vp, vp, c.c_char_p, sz]
     lib.qb_marlin_prepare.restype = ip
     mm_args = [vp, i64, vp, sz, vp, i64, i64, i64, i64, ip, vp, ip, vp, vp, sz, ip]
     lib.qb_marlin_mm.argtypes = mm_args + [vp, c.c_char_p, sz]
@@ -148,13 +152,21 @@ def _cuda_device_of(t: torch.Tensor, name: str) -> torch.device:
     return t.device
 
 
-def prepare(w_e4m3: torch.Tensor, check_nan: bool = True) -> torch.Tensor:
-    """Repack a [N, K] float8_e4m3fn weight (row-major, any row stride) for mm(); returns a uint8
-    tensor of packed_bytes(N, K) bytes on the same device. With check_nan (load time) it
-    synchronizes once to check that the weight holds no NaN code (0x7F / 0xFF), which the kernel
-    cannot represent; without it (per-call repacking, CUDA graphs) NaN weights decode as +-480."""
+# The packed tensor's dtype for each activation dtype (the packing differs: see the module's top).
+_PACKED_DTYPE = {torch.float16: torch.uint8, torch.bfloat16: torch.int8}
+_PACKED_FOR = {v: k for k, v in _PACKED_DTYPE.items()}
+
+
+def prepare(w_e4m3: torch.Tensor, act_dtype: torch.dtype, check_nan: bool = True) -> torch.Tensor:
+    """Repack a [N, K] float8_e4m3fn weight (row-major, any row stride) for mm() with act_dtype
+    (float16 or bfloat16) activations; returns a tensor of packed_bytes(N, K) bytes on the same
+    device, uint8 for float16 and int8 for bfloat16. With check_nan (load time) it synchronizes once
+    to check that the weight holds no NaN code (0x7F / 0xFF), which the kernel cannot represent;
+    without it (per-call repacking, CUDA graphs) NaN weights decode as +-480."""
     lib = _require()
     dev = _cuda_device_of(w_e4m3, "w_e4m3")
+    if act_dtype not in _PACKED_DTYPE:
+        raise ValueError(f"marlin prepare: act_dtype must be torch.float16 or torch.bfloat16 (got {act_dtype})")
     if w_e4m3.dtype != torch.float8_e4m3fn:
         raise ValueError(f"marlin prepare: w_e4m3 must be torch.float8_e4m3fn (got {w_e4m3.dtype})")
     if w_e4m3.dim() != 2:
@@ -167,12 +179,13 @@ def prepare(w_e4m3: torch.Tensor, check_nan: bool = True) -> torch.Tensor:
     nbytes = int(lib.qb_marlin_packed_bytes(N, K))
     if nbytes == 0:
         raise ValueError(f"marlin prepare: shape {(N, K)} is too large")
-    packed = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    packed = torch.empty(nbytes, dtype=_PACKED_DTYPE[act_dtype], device=dev)
     nan_count = torch.zeros(1, dtype=torch.int32, device=dev)
     buf = native._errbuf()
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
-        rc = lib.qb_marlin_prepare(w_e4m3.data_ptr(), w_e4m3.stride(0), N, K, packed.data_ptr(), nbytes,
+        code = _F16 if act_dtype == torch.float16 else _BF16
+        rc = lib.qb_marlin_prepare(w_e4m3.data_ptr(), w_e4m3.stride(0), N, K, code, packed.data_ptr(), nbytes,
                                    nan_count.data_ptr(), stream, buf, native._ERR_LEN)
     _check(rc, "qb_marlin_prepare", buf)
     nans = int(nan_count.item()) if check_nan else 0
@@ -188,7 +201,7 @@ def mm(a: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, bias, out: 
     """out[M, N] = w_scale * (a @ w.T) (+ bias), fp32 accumulation, rounded to a's dtype.
 
     a: [M, K] float16/bfloat16 CUDA tensor with unit column stride (any row stride, multiple of 8);
-    packed: prepare(w) of the [N, K] weight; w_scale: float32, 1 element (per tensor) or N (per output
+    packed: prepare(w, a.dtype) of the [N, K] weight; w_scale: float32, 1 element (per tensor) or N (per output
     channel); bias: None or [N] contiguous in a's dtype; out: [M, N] in a's dtype, unit column stride.
     variant: 0 (auto), 80 or 75 (force a kernel family). stages / max_blocks / blocks_per_sm: tuning
     knobs for benchmarks (0 = auto; see qb_marlin_mm_tuned).
@@ -215,8 +228,11 @@ def mm(a: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, bias, out: 
         raise ValueError(f"marlin mm: a must have unit column stride (got strides {a.stride()})")
     if M > 0 and N > 1 and out.stride(1) != 1:
         raise ValueError(f"marlin mm: out must have unit column stride (got strides {out.stride()})")
-    if packed.dtype != torch.uint8 or packed.dim() != 1:
-        raise ValueError("marlin mm: packed must be the 1-D uint8 tensor returned by prepare()")
+    if packed.dtype not in _PACKED_FOR or packed.dim() != 1:
+        raise ValueError("marlin mm: packed must be the 1-D tensor returned by prepare()")
+    if _PACKED_FOR[packed.dtype] != a.dtype:
+        raise ValueError(f"marlin mm: packed was prepared for {_PACKED_FOR[packed.dtype]} activations "
+                         f"({packed.dtype}), a is {a.dtype}: prepare the weight with act_dtype={a.dtype}")
     if w_scale.dtype != torch.float32:
         raise ValueError(f"marlin mm: w_scale must be float32 (got {w_scale.dtype})")
     if w_scale.numel() == 1:

@@ -10,7 +10,8 @@
  *
  * Usage:
  *   1. at load time: packed = device buffer of qb_marlin_packed_bytes(N, K) bytes;
- *      qb_marlin_prepare(w, ldw, N, K, packed, ...)  (a GPU repack; nothing is repacked per call);
+ *      qb_marlin_prepare(w, ldw, N, K, act_dtype, packed, ...)  (a GPU repack for the activation dtype
+ *      the weight will be multiplied with; nothing is repacked per call);
  *   2. once per device and stream: workspace = qb_marlin_workspace_bytes(N, K) bytes, ZEROED once
  *      (cudaMemset / torch.zeros). Every launch returns it to all-zero counters, so it is reused as
  *      is, but two launches that may run concurrently (different streams) need different workspaces;
@@ -22,8 +23,11 @@
  * A tile holds 16 blocks of 16 (k) x 64 (n) weights in the order (n half, k16 step); each block is
  * exactly the mma.m16n8k16 B fragments of one warp: lane l's 32 bytes (two 16-byte pieces, 512 bytes
  * apart) hold, for the 8 columns n8 = 0..7, the weights (n8*8 + l/4, k0 + {0,1,8,9}), k0 = 2*(l%4),
- * 4 weights per 32-bit word with the sign and 7-bit magnitude fields re-placed so that decoding is
- * 2 to 4 integer ops per half2 (qb_marlin_prepare does the re-placement).
+ * 4 weights per 32-bit word with the sign and 7-bit magnitude fields re-placed so that decoding takes
+ * few integer ops per half2 (qb_marlin_prepare does the re-placement). The placement depends on the
+ * activation dtype (fp16 and bf16 want the magnitude at different bits; a word can hold only one
+ * half2's fields where the decode wants them, and the placement keeps the other half2's cheap to
+ * move), so a weight packed for one dtype must be multiplied with activations of that dtype only.
  *
  * Exact decoding: an e4m3fn code s.eeee.mmm with its magnitude shifted into an fp16 as
  * s.0eeee.mmm0000000 is, as fp16, exactly the code's value times 2^-8: normal codes (e >= 1) have
@@ -79,16 +83,19 @@ size_t qb_marlin_packed_bytes(int64_t N, int64_t K);
 size_t qb_marlin_workspace_bytes(int64_t N, int64_t K);
 
 /* Repack w (e4m3fn, [N, K] row-major: element (n, k) at byte w[n * ldw + k], ldw >= K) into packed
- * (packed_bytes >= qb_marlin_packed_bytes(N, K), 16-byte aligned). Asynchronous on `stream`.
+ * (packed_bytes >= qb_marlin_packed_bytes(N, K), 16-byte aligned) for activations of act_dtype
+ * (QB_F16 or QB_BF16: qb_marlin_mm must then be called with that act_dtype; it cannot tell the
+ * packings apart, and the other dtype would decode wrong weights). Asynchronous on `stream`.
  * nan_count: NULL or a device int32 that the kernel INCREMENTS by the number of NaN codes
  * (0x7F, 0xFF) in w; zero it before the call and read it after. Any N, K >= 1 is accepted here;
- * qb_marlin_mm adds its own rules. Rules checked: non-NULL w/packed, 16-byte aligned packed. */
-int qb_marlin_prepare(const void* w, int64_t ldw, int64_t N, int64_t K, void* packed, size_t packed_bytes,
-                      int32_t* nan_count, void* stream, char* err, size_t err_len);
+ * qb_marlin_mm adds its own rules. Rules checked: act_dtype QB_F16 or QB_BF16, non-NULL w/packed,
+ * 16-byte aligned packed. */
+int qb_marlin_prepare(const void* w, int64_t ldw, int64_t N, int64_t K, int act_dtype, void* packed,
+                      size_t packed_bytes, int32_t* nan_count, void* stream, char* err, size_t err_len);
 
 /* out[M, N] = w_scale * (a @ w^T) (+ bias) in the activation dtype (see the top of this file).
  *   a:   [M, K] row-major, element (m, k) at a[m * lda + k], act_dtype QB_F16 or QB_BF16.
- *   packed_w: from qb_marlin_prepare for this (N, K).
+ *   packed_w: from qb_marlin_prepare for this (N, K) and this act_dtype.
  *   out: [M, N] row-major, element (m, n) at out[m * ldo + n], act_dtype.
  *   w_scale: fp32 device pointer, scale_kind QB_SCALE_TENSOR ([1]) or QB_SCALE_ROW ([N], per output
  *            channel).

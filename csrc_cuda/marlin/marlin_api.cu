@@ -243,10 +243,13 @@ size_t qb_marlin_workspace_bytes(int64_t N, int64_t K) {
   return workspace_for(N, K, dev.sm_count);
 }
 
-int qb_marlin_prepare(const void* w, int64_t ldw, int64_t N, int64_t K, void* packed, size_t packed_bytes,
-                      int32_t* nan_count, void* stream, char* err, size_t err_len) {
+int qb_marlin_prepare(const void* w, int64_t ldw, int64_t N, int64_t K, int act_dtype, void* packed,
+                      size_t packed_bytes, int32_t* nan_count, void* stream, char* err, size_t err_len) {
   if (err && err_len) err[0] = '\0';
   const int INV = QB_ERR_INVALID_ARGUMENT;
+  if (act_dtype != QB_F16 && act_dtype != QB_BF16)
+    return set_err(err, err_len, INV, "marlin prepare: act_dtype must be QB_F16 or QB_BF16 (got %d)", act_dtype);
+  const bool bf16 = act_dtype == QB_BF16;
   if (N < 1 || K < 1) return set_err(err, err_len, INV, "marlin prepare: N and K must be >= 1 (got N=%lld, K=%lld)", (long long)N, (long long)K);
   if (!sizes_ok(N, K)) return set_err(err, err_len, INV, "marlin prepare: N=%lld, K=%lld too large", (long long)N, (long long)K);
   if (!w) return set_err(err, err_len, INV, "marlin prepare: w is NULL");
@@ -265,13 +268,16 @@ int qb_marlin_prepare(const void* w, int64_t ldw, int64_t N, int64_t K, void* pa
     const int rc = device_info(&dev, err, err_len);
     if (rc != QB_OK) return rc;
     if (dev.cc >= 80 || !kHaveSm75)
-      return sm80_marlin_prepare(w, ldw, static_cast<int>(N), static_cast<int>(K), packed, nan_count, s, err, err_len);
+      return sm80_marlin_prepare(w, ldw, static_cast<int>(N), static_cast<int>(K), bf16, packed, nan_count, s, err,
+                                 err_len);
   }
 #endif
 #if defined(QB_HAS_MARLIN_75)
-  return sm75_marlin_prepare(w, ldw, static_cast<int>(N), static_cast<int>(K), packed, nan_count, s, err, err_len);
+  return sm75_marlin_prepare(w, ldw, static_cast<int>(N), static_cast<int>(K), bf16, packed, nan_count, s, err,
+                             err_len);
 #else
   (void)s;
+  (void)bf16;
   return set_err(err, err_len, QB_ERR_NOT_BUILT, "marlin prepare: no marlin kernels were compiled into this library");
 #endif
 }

@@ -217,15 +217,16 @@ inline int run_mm(const MmArgs& a, char* err, size_t err_len) {
 }
 
 template <int ARCH>
-inline int run_prepare(const void* w, int64_t ldw, int N, int K, void* packed, int32_t* nan_count, cudaStream_t stream,
-                       char* err, size_t err_len) {
+inline int run_prepare(const void* w, int64_t ldw, int N, int K, bool bf16, void* packed, int32_t* nan_count,
+                       cudaStream_t stream, char* err, size_t err_len) {
   const int64_t NT = cdiv(N, kTileN), KT = cdiv(K, kTileK);
   const int64_t words = NT * KT * (kTileBytes / 4);
   const int64_t blocks = cdiv(words, 256);
   if (blocks > 0x7FFFFFFF) return set_err(err, err_len, QB_ERR_INVALID_ARGUMENT, "marlin prepare: weight too large");
-  kern::marlin_prepare_kernel<ARCH><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-      static_cast<const uint8_t*>(w), ldw, N, K, static_cast<int>(KT), static_cast<uint32_t*>(packed), words,
-      nan_count);
+  auto* kernel = bf16 ? kern::marlin_prepare_kernel<ARCH, true> : kern::marlin_prepare_kernel<ARCH, false>;
+  kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(static_cast<const uint8_t*>(w), ldw, N, K,
+                                                             static_cast<int>(KT), static_cast<uint32_t*>(packed),
+                                                             words, nan_count);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return set_err(err, err_len, QB_ERR_CUDA, "marlin prepare kernel launch: %s: %s", cudaGetErrorName(e),

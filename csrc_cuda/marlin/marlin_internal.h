@@ -45,10 +45,10 @@ struct MmArgs {
 
 // Family entry points. Return a qb_status and write a message into err on failure.
 int sm80_marlin_mm(const MmArgs& args, char* err, size_t err_len);
-int sm80_marlin_prepare(const void* w, int64_t ldw, int N, int K, void* packed, int32_t* nan_count,
+int sm80_marlin_prepare(const void* w, int64_t ldw, int N, int K, bool bf16, void* packed, int32_t* nan_count,
                         cudaStream_t stream, char* err, size_t err_len);
 int sm75_marlin_mm(const MmArgs& args, char* err, size_t err_len);
-int sm75_marlin_prepare(const void* w, int64_t ldw, int N, int K, void* packed, int32_t* nan_count,
+int sm75_marlin_prepare(const void* w, int64_t ldw, int N, int K, bool bf16, void* packed, int32_t* nan_count,
                         cudaStream_t stream, char* err, size_t err_len);
 
 // Formats a message into err (NUL-terminated, truncated to err_len) and returns code. Defined in

@@ -56,11 +56,19 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 // ---- decoding (see qbackend_marlin.h for why it is exact) ---------------------------------------
-// Word layout written by the prepare kernel, weights A,B (k0, k0+1) and C,D (k0+8, k0+9):
-//   bit 15 sign A, 13..7 magnitude A, bit 31 sign B, 29..23 magnitude B,
-//   bit 14 sign C,  6..0 magnitude C, bit 30 sign D, 22..16 magnitude D.
-// fp16: {A,B} is the word with bits 14/30 and the low 7 bits of each half cleared; {C,D} moves the
-// magnitudes up by 7 and the signs up by 1. bf16 wants the magnitude 3 bits lower than fp16.
+// Each 32-bit word holds the weights A, B (k0, k0+1) and C, D (k0+8, k0+9) of one column, with their
+// sign and 7-bit magnitude fields placed by the prepare kernel for the activation dtype's decode:
+// every decoded half2 needs its signs at bits 15 / 31 and its magnitudes at 13..7 / 29..23 (fp16) or
+// 10..4 / 26..20 (bf16), and a word can hold only one half2's fields in place (the other's bits are
+// left in runs of at most 4 between them), so the other half2 is moved there.
+// fp16 packing:  bit 15 sign A, 13..7 magnitude A, bit 31 sign B, 29..23 magnitude B (in place),
+//                bit 14 sign C, 6..0 magnitude C, bit 30 sign D, 22..16 magnitude D
+//                (C, D: signs up by 1, magnitudes up by 7: 5 instructions in all).
+// bf16 packing:  bit 15 sign A, 10..4 magnitude A, bit 31 sign B, 26..20 magnitude B (in place),
+//                bit 11 sign C, magnitude C bits 3..0 at 3..0 and 6..4 at 14..12,
+//                bit 27 sign D, magnitude D bits 3..0 at 19..16 and 6..4 at 30..28
+//                (C, D: sign and low magnitude bits up by 4, high magnitude bits down by 4: 5 integer
+//                instructions and the two multiplies below, where the fp16 packing would need 7).
 template <bool BF16>
 __device__ __forceinline__ void decode_word(uint32_t w, uint32_t& ab, uint32_t& cd) {
   if constexpr (!BF16) {
@@ -69,10 +77,11 @@ __device__ __forceinline__ void decode_word(uint32_t w, uint32_t& ab, uint32_t& 
     ab = w & 0xBF80BF80u;
     cd = ((w << 7) & 0x3F803F80u) | ((w << 1) & 0x80008000u);
   } else {
-    // bf16: the factor 2^120 cannot move to the epilogue (a * w * 2^-120 would leave the fp32 normal
-    // range in the products), so one bf16x2 multiply per half2 restores the value.
-    const uint32_t x = (w & 0x80008000u) | ((w >> 3) & 0x07F007F0u);
-    const uint32_t y = ((w << 1) & 0x80008000u) | ((w << 4) & 0x07F007F0u);
+    // bf16: the halves are the weights times 2^-120; that factor cannot move to the epilogue
+    // (a * w * 2^-120 would leave the fp32 normal range in the products), so one bf16x2 multiply per
+    // half2 restores the value.
+    const uint32_t x = w & 0x87F087F0u;
+    const uint32_t y = ((w << 4) & 0x80F080F0u) | ((w >> 4) & 0x07000700u);
     const uint32_t k2p120 = 0x7B807B80u;  // bf16 2^120 in both halves
     const uint32_t mzero = 0x80008000u;   // -0: x * c + (-0) == x * c exactly, signed zeros kept
     asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(ab) : "r"(x), "r"(k2p120), "r"(mzero));
@@ -758,14 +767,22 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
 }
 
 // ---- prepare: [N, K] row-major e4m3fn -> packed tiles ------------------------------------------
+// The four codes of one word in the packing of the activation dtype (see decode_word).
+template <bool BF16>
 __device__ __forceinline__ uint32_t place4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  return ((a & 0x80u) << 8) | ((a & 0x7Fu) << 7) | ((b & 0x80u) << 24) | ((b & 0x7Fu) << 23) |
-         ((c & 0x80u) << 7) | (c & 0x7Fu) | ((d & 0x80u) << 23) | ((d & 0x7Fu) << 16);
+  if constexpr (!BF16) {
+    return ((a & 0x80u) << 8) | ((a & 0x7Fu) << 7) | ((b & 0x80u) << 24) | ((b & 0x7Fu) << 23) |
+           ((c & 0x80u) << 7) | (c & 0x7Fu) | ((d & 0x80u) << 23) | ((d & 0x7Fu) << 16);
+  } else {
+    return ((a & 0x80u) << 8) | ((a & 0x7Fu) << 4) | ((b & 0x80u) << 24) | ((b & 0x7Fu) << 20) |
+           ((c & 0x80u) << 4) | (c & 0x0Fu) | ((c & 0x70u) << 8) |
+           ((d & 0x80u) << 20) | ((d & 0x0Fu) << 16) | ((d & 0x70u) << 24);
+  }
 }
 
 // One thread per packed 32-bit word. (Templated on the family only to give each family TU its own
 // symbol.)
-template <int ARCH>
+template <int ARCH, bool BF16>
 __global__ void marlin_prepare_kernel(const uint8_t* __restrict__ w, int64_t ldw, int N, int K, int KT,
                                       uint32_t* __restrict__ packed, int64_t words, int32_t* nan_count) {
   const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -790,7 +807,7 @@ __global__ void marlin_prepare_kernel(const uint8_t* __restrict__ w, int64_t ldw
         }
       }
     }
-    packed[id] = place4(v[0], v[1], v[2], v[3]);
+    packed[id] = place4<BF16>(v[0], v[1], v[2], v[3]);
   }
   if (nan_count) {
     // warp-aggregated count, one atomic per warp that saw a NaN

@@ -6,9 +6,9 @@ namespace qbmarlin {
 
 int sm80_marlin_mm(const MmArgs& args, char* err, size_t err_len) { return host::run_mm<80>(args, err, err_len); }
 
-int sm80_marlin_prepare(const void* w, int64_t ldw, int N, int K, void* packed, int32_t* nan_count,
+int sm80_marlin_prepare(const void* w, int64_t ldw, int N, int K, bool bf16, void* packed, int32_t* nan_count,
                         cudaStream_t stream, char* err, size_t err_len) {
-  return host::run_prepare<80>(w, ldw, N, K, packed, nan_count, stream, err, err_len);
+  return host::run_prepare<80>(w, ldw, N, K, bf16, packed, nan_count, stream, err, err_len);
 }
 
 }  // namespace qbmarlin

@@ -99,7 +99,7 @@ def marlin_part():
                 a = torch.randn(M, K + 16, device=dev).to(dtype)[:, 8:8 + K]
                 out = torch.empty(M, N, device=dev, dtype=dtype)
                 bias = torch.randn(N, device=dev).to(dtype)
-                packed = mn.prepare(w)
+                packed = mn.prepare(w, dtype)
                 mn.mm(a, packed, torch.rand(N, device=dev) + 0.5, bias, out, N, K, variant=v)
                 mn.mm(a, packed, torch.rand(1, device=dev) + 0.5, None, out, N, K, variant=v)
                 # 7 blocks: runs that start in one column and end in another (two partial slots and

@@ -87,7 +87,7 @@ def output_scales(n, K, gen):
 def run_shape(variant, dtype, N, K, gen, ms=MS):
     _need_variant(variant)
     w = random_e4m3(N, K, gen)
-    packed = mn.prepare(w)
+    packed = mn.prepare(w, dtype)
     wd = w.double()
     s_row = output_scales(N, K, gen)
     s_ten = s_row[:1].clone()
@@ -118,7 +118,7 @@ def test_matches_float64_oracle(variant, dtype, shape, gen):
         a = torch.randn(3, K, device=DEV, dtype=dtype)
         out = torch.empty(3, N, device=DEV, dtype=dtype)
         with pytest.raises(RuntimeError, match="sm75.*bf16|bf16.*sm75|does not take bf16"):
-            mn.mm(a, mn.prepare(w), torch.ones(1, device=DEV), None, out, N, K, variant=75)
+            mn.mm(a, mn.prepare(w, dtype), torch.ones(1, device=DEV), None, out, N, K, variant=75)
         return
     run_shape(variant, dtype, *shape, gen)
 
@@ -139,7 +139,7 @@ def test_decoding_is_exact(variant, dtype):
     a = torch.zeros(M, K, device=DEV, dtype=dtype)
     a[torch.arange(M), torch.arange(M) * 3] = 1  # row m selects k = 3m
     out = torch.full((M, N), float("nan"), device=DEV, dtype=dtype)
-    mn.mm(a, mn.prepare(w), torch.ones(1, device=DEV), None, out, N, K, variant=variant)
+    mn.mm(a, mn.prepare(w, dtype), torch.ones(1, device=DEV), None, out, N, K, variant=variant)
     want = w.float()[:, torch.arange(M, device=DEV) * 3].t().to(dtype)
     # value equality (the fp32 sum turns a -0 weight times 1 plus +0 terms into +0)
     assert torch.equal(out.float(), want.float()), "decoding is not exact"
@@ -152,7 +152,7 @@ def test_strided_inputs_and_outputs(variant, gen):
     dtype = torch.float16
     N, K, M = 392, 520, 37
     w = random_e4m3(N, K, gen)
-    packed = mn.prepare(w)
+    packed = mn.prepare(w, dtype)
     big_a = torch.randn(M, K + 24, device=DEV, generator=gen).to(dtype)
     a = big_a[:, 8:8 + K]  # 16-byte aligned start, lda = K + 24
     big_o = torch.full((M, N + 40), float("nan"), device=DEV, dtype=dtype)
@@ -170,7 +170,7 @@ def test_cuda_graph_replay_and_workspace_reset(variant, gen):
     dtype = torch.float16
     N, K, M = 4096, 4096, 5  # split-K: 1024 tiles over ~132 blocks
     w = random_e4m3(N, K, gen)
-    packed = mn.prepare(w)
+    packed = mn.prepare(w, dtype)
     scale = torch.full((1,), 1.0 / (130.0 * 64), device=DEV)
     a = torch.randn(M, K, device=DEV, generator=gen).to(dtype)
     out = torch.empty(M, N, device=DEV, dtype=dtype)
@@ -204,7 +204,7 @@ def test_every_work_split(variant, shape, gen):
     dtype = torch.bfloat16 if variant == 80 else torch.float16
     N, K = shape
     w = random_e4m3(N, K, gen)
-    packed = mn.prepare(w)
+    packed = mn.prepare(w, dtype)
     # per-column and per-tensor scales, bias on and off, and views 4 bytes into their buffers
     scale_buf = output_scales(N + 1, K, gen)
     bias_buf = torch.randn(N + 2, device=DEV, generator=gen).to(dtype)
@@ -236,10 +236,10 @@ def test_every_ring_depth(gen):
     _need_variant(80)
     N, K = 1000, 3080
     w = random_e4m3(N, K, gen)
-    packed = mn.prepare(w)
     scale = output_scales(N, K, gen)
     ws = mn.new_workspace(N, K, DEV)
     for dtype in (torch.float16, torch.bfloat16):
+        packed = mn.prepare(w, dtype)
         for M in (1, 9, 40, 64):
             a = torch.randn(M, K, device=DEV, generator=gen).to(dtype)
             ref = (a.double() @ w.double().t()) * scale.double()[None, :]
@@ -261,7 +261,7 @@ def test_rows_do_not_depend_on_m(variant, gen):
     dtype = torch.bfloat16 if variant == 80 else torch.float16
     N, K = 4096, 4096
     w = random_e4m3(N, K, gen)
-    packed = mn.prepare(w)
+    packed = mn.prepare(w, dtype)
     scale = output_scales(N, K, gen)
     bias = torch.randn(N, device=DEV, generator=gen).to(dtype)
     ws = mn.new_workspace(N, K, DEV)
@@ -283,17 +283,18 @@ def test_rows_do_not_depend_on_m(variant, gen):
 def test_m_zero_is_a_no_op():
     _need_variant(0)
     N, K = 64, 64
-    packed = mn.prepare(torch.zeros(N, K, device=DEV).to(torch.float8_e4m3fn))
+    packed = mn.prepare(torch.zeros(N, K, device=DEV).to(torch.float8_e4m3fn), torch.float16)
     out = torch.empty(0, N, device=DEV, dtype=torch.float16)
     mn.mm(torch.empty(0, K, device=DEV, dtype=torch.float16), packed, torch.ones(1, device=DEV), None, out, N, K)
 
 
-def test_prepare_refuses_nan():
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_prepare_refuses_nan(dtype):
     _need_variant(0)
     w = torch.zeros(64, 64, device=DEV).to(torch.float8_e4m3fn)
     w.view(torch.uint8)[5, 7] = 0xFF
     with pytest.raises(ValueError, match="NaN"):
-        mn.prepare(w)
+        mn.prepare(w, dtype)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -301,7 +302,8 @@ def test_bad_inputs_give_clear_errors(variant):
     _need_variant(variant)
     dt = torch.float16
     N, K, M = 256, 256, 4
-    packed = mn.prepare(torch.zeros(N, K, device=DEV).to(torch.float8_e4m3fn))
+    zeros = torch.zeros(N, K, device=DEV).to(torch.float8_e4m3fn)
+    packed = mn.prepare(zeros, dt)
     one = torch.ones(1, device=DEV)
     a = torch.randn(M, K, device=DEV, dtype=dt)
     out = torch.empty(M, N, device=DEV, dtype=dt)
@@ -322,10 +324,10 @@ def test_bad_inputs_give_clear_errors(variant):
     err("packed_w holds", packed=packed[: packed.numel() // 2])
     err("variant must be", variant=89)
     err("workspace holds", workspace=torch.zeros(64, dtype=torch.uint8, device=DEV))
-    p12 = mn.prepare(torch.zeros(12, 16, device=DEV).to(torch.float8_e4m3fn))
+    p12 = mn.prepare(torch.zeros(12, 16, device=DEV).to(torch.float8_e4m3fn), dt)
     err("N must be a multiple of 8", packed=p12, N=12, K=16, a=torch.randn(M, 16, device=DEV, dtype=dt),
         out=torch.empty(M, 12, device=DEV, dtype=dt))
-    p20 = mn.prepare(torch.zeros(16, 20, device=DEV).to(torch.float8_e4m3fn))
+    p20 = mn.prepare(torch.zeros(16, 20, device=DEV).to(torch.float8_e4m3fn), dt)
     err("K must be a multiple of 8", packed=p20, N=16, K=20, a=torch.randn(M, 24, device=DEV, dtype=dt)[:, :20],
         out=torch.empty(M, 16, device=DEV, dtype=dt))
     # rules the Python wrapper checks first
@@ -337,5 +339,11 @@ def test_bad_inputs_give_clear_errors(variant):
     err("bias must have a's dtype", bias=torch.zeros(N, device=DEV))
     err("bias must be a contiguous", bias=torch.zeros(N + 1, device=DEV, dtype=dt))
     err("must be on a CUDA device", a=a.cpu())
+    # a weight packed for the other activation dtype (its bits are placed for the other decode)
+    err("prepared for torch.bfloat16 activations", packed=mn.prepare(zeros, torch.bfloat16))
+    err("prepared for torch.float16 activations", packed=packed, a=a.bfloat16(), out=out.bfloat16())
+    err("packed must be the 1-D tensor", packed=packed.view(torch.int16))
     with pytest.raises(ValueError, match="float8_e4m3fn"):
-        mn.prepare(torch.zeros(N, K, device=DEV))
+        mn.prepare(torch.zeros(N, K, device=DEV), dt)
+    with pytest.raises(ValueError, match="act_dtype must be torch.float16 or torch.bfloat16"):
+        mn.prepare(zeros, torch.float32)

@@ -173,6 +173,26 @@ def test_marlin_forced_through_prepare_and_linear(monkeypatch, variant, act, M):
                 assert out.dtype == act and rel_err(out, ref) < tol, (N, K, b is None)
 
 
+def test_marlin_weight_is_packed_for_its_activation_dtype(monkeypatch):
+    """Marlin packs a weight's bits for the decode of the activation dtype it was prepared for
+    (float16 and bfloat16 read them from different places). Called with the other dtype, linear
+    raises instead of decoding wrong weights; prepared for each, both are right."""
+    with_provider(monkeypatch, "marlin")
+    N, K = 512, 1024
+    qw, sw = qbackend.quantize(torch.randn(N, K, device=DEV), F8, "channel")
+    prepared = {act: qbackend.prepare_weight(qw, sw, act) for act in (torch.float16, torch.bfloat16)}
+    assert all(pw.provider == "marlin" for pw in prepared.values())
+    assert prepared[torch.float16].layout != prepared[torch.bfloat16].layout
+    x = torch.randn(16, K, device=DEV)
+    for act, pw in prepared.items():
+        other = torch.bfloat16 if act == torch.float16 else torch.float16
+        with pytest.raises(ValueError, match="prepared for .* activations"):
+            qbackend.linear(x.to(other), pw)
+        out = qbackend.linear(x.to(act), pw)
+        ref = reference(qbackend.scaled_mm, x.to(act), qw.t(), None, pw.scale, out_dtype=torch.float32)
+        assert rel_err(out, ref) < 1e-2, act
+
+
 def test_forced_marlin_keeps_its_other_rules(monkeypatch):
     """Forced on a newer GPU, marlin serves only what its rules take; the rest goes to normal
     selection. Before, a block scale_b with N values ([128, N / 128] at K = 16384) reached its kernel
