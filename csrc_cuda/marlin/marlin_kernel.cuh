@@ -59,16 +59,18 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // Each 32-bit word holds the weights A, B (k0, k0+1) and C, D (k0+8, k0+9) of one column, with their
 // sign and 7-bit magnitude fields placed by the prepare kernel for the activation dtype's decode:
 // every decoded half2 needs its signs at bits 15 / 31 and its magnitudes at 13..7 / 29..23 (fp16) or
-// 10..4 / 26..20 (bf16), and a word can hold only one half2's fields in place (the other's bits are
-// left in runs of at most 4 between them), so the other half2 is moved there.
+// 10..4 / 26..20 (bf16). A word can hold only one half2's fields where they are wanted; the other
+// half2's are moved there by two shifts, each followed by a mask.
 // fp16 packing:  bit 15 sign A, 13..7 magnitude A, bit 31 sign B, 29..23 magnitude B (in place),
 //                bit 14 sign C, 6..0 magnitude C, bit 30 sign D, 22..16 magnitude D
 //                (C, D: signs up by 1, magnitudes up by 7: 5 instructions in all).
 // bf16 packing:  bit 15 sign A, 10..4 magnitude A, bit 31 sign B, 26..20 magnitude B (in place),
 //                bit 11 sign C, magnitude C bits 3..0 at 3..0 and 6..4 at 14..12,
 //                bit 27 sign D, magnitude D bits 3..0 at 19..16 and 6..4 at 30..28
-//                (C, D: sign and low magnitude bits up by 4, high magnitude bits down by 4: 5 integer
-//                instructions and the two multiplies below, where the fp16 packing would need 7).
+//                (C, D: sign and low magnitude bits up by 4, high magnitude bits down by 4; the bits
+//                left free around the in-place pair come in runs of at most 4, too short for a 7-bit
+//                magnitude, hence the split). 5 integer instructions and the two multiplies below;
+//                decoding bf16 from the fp16 packing took 7 and the two multiplies.
 template <bool BF16>
 __device__ __forceinline__ void decode_word(uint32_t w, uint32_t& ab, uint32_t& cd) {
   if constexpr (!BF16) {
