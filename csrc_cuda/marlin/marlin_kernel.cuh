@@ -69,8 +69,8 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 //                bit 27 sign D, magnitude D bits 3..0 at 19..16 and 6..4 at 30..28
 //                (C, D: sign and low magnitude bits up by 4, high magnitude bits down by 4; the bits
 //                left free around the in-place pair come in runs of at most 4, too short for a 7-bit
-//                magnitude, hence the split). 5 integer instructions and the two multiplies below;
-//                decoding bf16 from the fp16 packing took 7 and the two multiplies.
+//                magnitude, hence the split). 5 integer instructions and the two multiplies below,
+//                where decoding bf16 from the fp16 packing would need 7 and the two multiplies.
 template <bool BF16>
 __device__ __forceinline__ void decode_word(uint32_t w, uint32_t& ab, uint32_t& cd) {
   if constexpr (!BF16) {
@@ -782,8 +782,8 @@ __device__ __forceinline__ uint32_t place4(uint32_t a, uint32_t b, uint32_t c, u
   }
 }
 
-// One thread per packed 32-bit word. (Templated on the family only to give each family TU its own
-// symbol.)
+// One thread per packed 32-bit word, in the packing for bf16 or fp16 activations. (ARCH only gives
+// each family TU its own symbol.)
 template <int ARCH, bool BF16>
 __global__ void marlin_prepare_kernel(const uint8_t* __restrict__ w, int64_t ldw, int N, int K, int KT,
                                       uint32_t* __restrict__ packed, int64_t words, int32_t* nan_count) {
