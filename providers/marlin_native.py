@@ -31,7 +31,7 @@ __all__ = ["VARIANT_AUTO", "VARIANT_SM80", "VARIANT_SM75", "load", "load_error",
            "packed_bytes", "workspace_bytes", "prepare", "mm", "new_workspace"]
 
 VARIANT_AUTO, VARIANT_SM80, VARIANT_SM75 = 0, 80, 75
-_F16, _BF16 = 1, 2
+_ACT_CODE = {torch.float16: 1, torch.bfloat16: 2}  # QB_F16, QB_BF16 of qbackend_cuda.h
 _SCALE_TENSOR, _SCALE_ROW = 0, 1
 _lock = threading.Lock()
 _lib = None              # native's handle, once the marlin entry points are bound on it
@@ -184,9 +184,8 @@ def prepare(w_e4m3: torch.Tensor, act_dtype: torch.dtype, check_nan: bool = True
     buf = native._errbuf()
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
-        code = _F16 if act_dtype == torch.float16 else _BF16
-        rc = lib.qb_marlin_prepare(w_e4m3.data_ptr(), w_e4m3.stride(0), N, K, code, packed.data_ptr(), nbytes,
-                                   nan_count.data_ptr(), stream, buf, native._ERR_LEN)
+        rc = lib.qb_marlin_prepare(w_e4m3.data_ptr(), w_e4m3.stride(0), N, K, _ACT_CODE[act_dtype],
+                                   packed.data_ptr(), nbytes, nan_count.data_ptr(), stream, buf, native._ERR_LEN)
     _check(rc, "qb_marlin_prepare", buf)
     nans = int(nan_count.item()) if check_nan else 0
     if nans:
@@ -211,11 +210,8 @@ def mm(a: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, bias, out: 
     for name, t in (("packed", packed), ("w_scale", w_scale), ("out", out)):
         if _cuda_device_of(t, name) != dev:
             raise ValueError(f"marlin mm: {name} is on {t.device}, a is on {dev}")
-    if a.dtype == torch.float16:
-        code = _F16
-    elif a.dtype == torch.bfloat16:
-        code = _BF16
-    else:
+    code = _ACT_CODE.get(a.dtype)
+    if code is None:
         raise ValueError(f"marlin mm: a must be float16 or bfloat16 (got {a.dtype})")
     if a.dim() != 2 or a.shape[1] != K:
         raise ValueError(f"marlin mm: a must be [M, K={K}] (got shape {tuple(a.shape)})")
