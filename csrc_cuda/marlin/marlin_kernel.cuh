@@ -413,9 +413,9 @@ struct Block {
 
   // Called by all threads after the tile that ends a segment was computed from `stage`: sums the
   // k groups' accumulators through shared memory; a segment spanning all of K then runs its
-  // epilogue, any other stores its fp32 partial sums in workspace slot `slot` (published later, by
-  // publish_and_reduce, once per block).
-  __device__ __forceinline__ void finish_segment(uint8_t* stage, int t, bool full, int slot) {
+  // epilogue, any other stores its fp32 partial sums in the block's workspace slot for column t
+  // (published later, by publish_and_reduce, once per block).
+  __device__ __forceinline__ void finish_segment(uint8_t* stage, int t, bool full, int u0) {
     float4* red = reinterpret_cast<float4*>(stage);
     EpilogueOperands e;
     QB_TRACE_CLOCK(kSlotClkFinish);
@@ -452,7 +452,7 @@ struct Block {
       return;
     }
     const int g = lane >> 2, q = lane & 3;
-    float* part = p.partials + (size_t)slot * kPartialFloats;
+    float* part = p.partials + (size_t)slot_of(blockIdx.x, t, u0 / p.KT) * kPartialFloats;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -467,9 +467,11 @@ struct Block {
     QB_TRACE_CLOCK(kSlotClkFinish + 3);
   }
 
-  // A split column's contributors, blocks [first, last], and the first one's partial slot. Block b
-  // stores into slot 2b for the column its run starts in and 2b + 1 for the one it ends in, so every
-  // contributor but the first has its run start in this column and its sums in slot 2b.
+  // A block's two partial slots: one for the column its run starts in, one for the column it ends in.
+  __device__ __forceinline__ static int slot_of(int b, int t, int first_t) { return 2 * b + (t == first_t ? 0 : 1); }
+
+  // A split column's contributors, blocks [first, last], and the first one's partial slot: every
+  // other contributor's run starts in this column, so its sums are in slot 2b.
   struct Contributors {
     int first, last, first_slot;
   };
@@ -480,6 +482,12 @@ struct Block {
     c.first_slot = 2 * c.first + (c.first * p.per < t * p.KT ? 1 : 0);
     return c;
   }
+  // With one or two m16 tiles the contributors are worked out before the release, where their
+  // divisions overlap the loads of the epilogue's operands, and the sum needs no division per
+  // contributor: the last contributor's column sum went from 0.87 to 0.61 us (4096 x 4096, M = 1;
+  // trial V). The three- and four-tile instances keep the divisions after the counter: with the early
+  // form their (identical but rescheduled) streaming loop ran 9 to 27 % slower on the H200.
+  static constexpr bool kEarlyContributors = MT <= 2;
 
   // Called by all threads once the block's run is done, with the (at most two) split columns it
   // stored partial sums for. Deferring this to the end keeps a split-K hand-over in the middle of a
@@ -512,14 +520,12 @@ struct Block {
 
   __device__ __forceinline__ void publish_and_reduce(int pend0, int pend1, int npend, int* s_last) {
     ColumnEpilogue e0{}, e1{};
-    Contributors c0{}, c1{};  // worked out here, so that their divisions overlap the loads above
-    if (npend > 0) {
-      e0 = column_epilogue(pend0);
-      c0 = contributors(pend0);
-    }
-    if (npend > 1) {
-      e1 = column_epilogue(pend1);
-      c1 = contributors(pend1);
+    Contributors c0{}, c1{};
+    if (npend > 0) e0 = column_epilogue(pend0);
+    if (npend > 1) e1 = column_epilogue(pend1);
+    if constexpr (kEarlyContributors) {
+      if (npend > 0) c0 = contributors(pend0);
+      if (npend > 1) c1 = contributors(pend1);
     }
     __syncthreads();  // the partial sums' stores of every warp come before thread 0's release below
     if (tid == 0) {
@@ -534,8 +540,17 @@ struct Block {
                        : "l"(p.counters + (k == 0 ? pend0 : pend1))
                        : "memory");
       asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-      if (npend > 0) s_last[0] = prev[0] == c0.last - c0.first;
-      if (npend > 1) s_last[1] = prev[1] == c1.last - c1.first;
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        if (k < npend) {
+          const int t = k == 0 ? pend0 : pend1;
+          if constexpr (kEarlyContributors) {
+            const Contributors& c = k == 0 ? c0 : c1;
+            s_last[k] = prev[k] == c.last - c.first;
+          } else {
+            s_last[k] = prev[k] == ((t + 1) * p.KT - 1) / p.per - (t * p.KT) / p.per;
+          }
+        }
     }
     __syncthreads();
     QB_TRACE_CLOCK(kSlotClkFinish + 4);
@@ -550,7 +565,10 @@ struct Block {
     }
   }
 
-  __device__ __forceinline__ void reduce_column(int t, const ColumnEpilogue& e, const Contributors& cb) {
+  // `early`: the column's contributors when kEarlyContributors, else unused.
+  __device__ __forceinline__ void reduce_column(int t, const ColumnEpilogue& e, const Contributors& early) {
+    const int b_first = kEarlyContributors ? early.first : (t * p.KT) / p.per;
+    const int b_last = kEarlyContributors ? early.last : ((t + 1) * p.KT - 1) / p.per;
     const int col = 2 * (tid % (kTileN / 2));
     const int row0 = tid / (kTileN / 2);
     constexpr int kRowStep = kThreads / (kTileN / 2);
@@ -558,16 +576,18 @@ struct Block {
     float2 sum[kRowsPerThread];
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) sum[i] = make_float2(0.f, 0.f);
-    for (int bb = cb.first; bb <= cb.last; bb += kReduceBatch) {
+    for (int bb = b_first; bb <= b_last; bb += kReduceBatch) {
       float2 v[kReduceBatch][kRowsPerThread];
 #pragma unroll
       for (int c = 0; c < kReduceBatch; ++c) {
         const int b = bb + c;
-        const float* src = p.partials + (size_t)(b == cb.first ? cb.first_slot : 2 * b) * kPartialFloats + col;
+        const int slot = kEarlyContributors ? (b == b_first ? early.first_slot : 2 * b)
+                                            : slot_of(b, t, (b * p.per) / p.KT);
+        const float* src = p.partials + (size_t)slot * kPartialFloats + col;
 #pragma unroll
         for (int i = 0; i < kRowsPerThread; ++i) {
           const int r = row0 + i * kRowStep;
-          v[c][i] = (b <= cb.last && r < p.M && col_ok) ? ldcg_f2(src + r * kTileN) : make_float2(0.f, 0.f);
+          v[c][i] = (b <= b_last && r < p.M && col_ok) ? ldcg_f2(src + r * kTileN) : make_float2(0.f, 0.f);
         }
       }
 #pragma unroll
@@ -611,8 +631,7 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
   const int tid = threadIdx.x;
   const int u0 = blockIdx.x * p.per;
   const int n = min(p.units, u0 + p.per) - u0;
-  const int t_first = u0 / p.KT;  // the column the run starts in: partial slot 2b, a later one 2b + 1
-  int seg_kt0 = u0 % p.KT;        // k tile where the current segment started
+  int seg_kt0 = u0 % p.KT;  // k tile where the current segment started
   // The split columns whose partial sums this block stores: only a run's first and last segments
   // can be split (scalars, not an array, to stay in registers).
   int pend0 = 0, pend1 = 0, npend = 0;
@@ -677,7 +696,7 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
     };
     for (int s = 0; s < nst - 1; ++s) load_next();
     uint32_t rd = 0;  // byte offset of the stage computed next
-    int i = 0, t = t_first, kt = seg_kt0;
+    int i = 0, t = u0 / p.KT, kt = seg_kt0;
     // One pass per segment (the run's tiles of one output column): a tight inner loop over its tiles,
     // then the segment's reduction and epilogue.
 #if defined(QB_MARLIN_TRACE)
@@ -703,7 +722,7 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
       ++trace_segments;
 #endif
       const bool full = kt == 0 && seg_len == p.KT;
-      blk.finish_segment(last, t, full, 2 * blockIdx.x + (t == t_first ? 0 : 1));
+      blk.finish_segment(last, t, full, u0);
       if (!full) add_pending(t);
       blk.zero_acc();
       __syncthreads();  // the reduction buffer (`last`) is read before any warp's next load refills it
@@ -757,13 +776,13 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
     if (n > 1) fetch(u0 + 1, lkt);
     next_lkt();
     __syncthreads();
-    int t = t_first, kt = seg_kt0;
+    int t = u0 / p.KT, kt = seg_kt0;
     for (int i = 0; i < n; ++i) {
       uint8_t* stage = smem + (i & 1) * S::kStageBytes;
       blk.compute(stage);
       if (kt == p.KT - 1 || i == n - 1) {
         const bool full = seg_kt0 == 0 && kt == p.KT - 1;
-        blk.finish_segment(stage, t, full, 2 * blockIdx.x + (t == t_first ? 0 : 1));
+        blk.finish_segment(stage, t, full, u0);
         if (!full) add_pending(t);
         blk.zero_acc();
         seg_kt0 = 0;
