@@ -548,6 +548,7 @@ struct Block {
             const Contributors& c = k == 0 ? c0 : c1;
             s_last[k] = prev[k] == c.last - c.first;
           } else {
+            // written out: through contributors(t) the bf16 three- and four-tile PTX changes
             s_last[k] = prev[k] == ((t + 1) * p.KT - 1) / p.per - (t * p.KT) / p.per;
           }
         }
@@ -567,8 +568,8 @@ struct Block {
 
   // `early`: the column's contributors when kEarlyContributors, else unused.
   __device__ __forceinline__ void reduce_column(int t, const ColumnEpilogue& e, const Contributors& early) {
-    const int b_first = kEarlyContributors ? early.first : (t * p.KT) / p.per;
-    const int b_last = kEarlyContributors ? early.last : ((t + 1) * p.KT - 1) / p.per;
+    const Contributors cb = kEarlyContributors ? early : contributors(t);
+    const int b_first = cb.first, b_last = cb.last;
     const int col = 2 * (tid % (kTileN / 2));
     const int row0 = tid / (kTileN / 2);
     constexpr int kRowStep = kThreads / (kTileN / 2);
@@ -581,7 +582,7 @@ struct Block {
 #pragma unroll
       for (int c = 0; c < kReduceBatch; ++c) {
         const int b = bb + c;
-        const int slot = kEarlyContributors ? (b == b_first ? early.first_slot : 2 * b)
+        const int slot = kEarlyContributors ? (b == b_first ? cb.first_slot : 2 * b)
                                             : slot_of(b, t, (b * p.per) / p.KT);
         const float* src = p.partials + (size_t)slot * kPartialFloats + col;
 #pragma unroll
