@@ -15,10 +15,10 @@ constexpr int kMaxDevices = 64;
 
 // Raise one kernel instance's dynamic shared-memory limit once per device (the record is per
 // template instance).
-template <int MT, bool BF16, int ARCH>
+template <int MT, bool BF16, int ARCH, int STAGES>
 inline cudaError_t allow_smem(int bytes) {
   static int allowed[qb::kSmemLimitDevices] = {0};
-  return qb::allow_dynamic_smem(kern::marlin_mm_kernel<MT, BF16, ARCH>, bytes, allowed);
+  return qb::allow_dynamic_smem(kern::marlin_mm_kernel<MT, BF16, ARCH, STAGES>, bytes, allowed);
 }
 
 // Pipeline depth and resident blocks per multiprocessor for one m16-tile count.
@@ -103,7 +103,7 @@ inline int max_rows(int units, int KT, const MmArgs& a) {
 
 // Resident blocks per multiprocessor for this kernel instance and shared-memory size (cached per
 // device: the query is host-only but not free).
-template <int MT, bool BF16, int ARCH>
+template <int MT, bool BF16, int ARCH, int STAGES>
 inline int resident_blocks(int smem, int* out) {
   static int cached_smem[kMaxDevices] = {0};
   static int cached_occ[kMaxDevices] = {0};
@@ -116,7 +116,8 @@ inline int resident_blocks(int smem, int* out) {
     return cudaSuccess;
   }
   int occ = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern::marlin_mm_kernel<MT, BF16, ARCH>, kThreads, smem);
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern::marlin_mm_kernel<MT, BF16, ARCH, STAGES>, kThreads,
+                                                    smem);
   if (e != cudaSuccess) return e;
   if (occ < 1) occ = 1;
   if (cache) {
@@ -127,16 +128,15 @@ inline int resident_blocks(int smem, int* out) {
   return cudaSuccess;
 }
 
-template <int MT, bool BF16, int ARCH>
-inline int launch(const kern::Params& prm, const MmArgs& a, char* err, size_t err_len) {
-  const LaunchShape ls = launch_shape<ARCH>(MT, prm.units, prm.KT, a);
+template <int MT, bool BF16, int ARCH, int STAGES>
+inline int launch_at(const kern::Params& prm, const MmArgs& a, const LaunchShape& ls, char* err, size_t err_len) {
   const int smem = ls.stages * kern::Shape<MT>::kStageBytes;
-  cudaError_t e = allow_smem<MT, BF16, ARCH>(smem);
+  cudaError_t e = allow_smem<MT, BF16, ARCH, STAGES>(smem);
   if (e != cudaSuccess)
     return set_err(err, err_len, QB_ERR_CUDA, "marlin sm%d: cudaFuncSetAttribute(%d bytes of shared memory): %s: %s",
                    ARCH, smem, cudaGetErrorName(e), cudaGetErrorString(e));
   int occ = 1;
-  e = static_cast<cudaError_t>(resident_blocks<MT, BF16, ARCH>(smem, &occ));
+  e = static_cast<cudaError_t>(resident_blocks<MT, BF16, ARCH, STAGES>(smem, &occ));
   if (e != cudaSuccess)
     return set_err(err, err_len, QB_ERR_CUDA, "marlin sm%d: occupancy query: %s: %s", ARCH, cudaGetErrorName(e),
                    cudaGetErrorString(e));
@@ -148,12 +148,29 @@ inline int launch(const kern::Params& prm, const MmArgs& a, char* err, size_t er
   q.per = aligned_run(static_cast<int>(cdiv(prm.units, g)), prm.KT);
   const int grid = static_cast<int>(cdiv(prm.units, q.per));
   q.stages = ls.stages;
-  kern::marlin_mm_kernel<MT, BF16, ARCH><<<grid, kThreads, smem, a.stream>>>(q);
+  kern::marlin_mm_kernel<MT, BF16, ARCH, STAGES><<<grid, kThreads, smem, a.stream>>>(q);
   e = cudaGetLastError();
   if (e != cudaSuccess)
     return set_err(err, err_len, QB_ERR_CUDA, "marlin sm%d kernel launch (M tile %d, %s, grid %d, smem %d): %s: %s",
                    ARCH, MT * 16, BF16 ? "bf16" : "fp16", grid, smem, cudaGetErrorName(e), cudaGetErrorString(e));
   return QB_OK;
+}
+
+// One m16 tile runs with its ring depth built in where the automatic choice takes it: 3 with two
+// blocks per multiprocessor (2 where a multiprocessor has 100 KiB, sm_86 and sm_89), 4 with one.
+// Forced depths, and more tiles, run the kernel that reads the depth at run time.
+template <int MT, bool BF16, int ARCH>
+inline int launch(const kern::Params& prm, const MmArgs& a, char* err, size_t err_len) {
+  const LaunchShape ls = launch_shape<ARCH>(MT, prm.units, prm.KT, a);
+  if constexpr (ARCH >= 80 && MT == 1) {
+    switch (ls.stages) {
+      case 2: return launch_at<MT, BF16, ARCH, 2>(prm, a, ls, err, err_len);
+      case 3: return launch_at<MT, BF16, ARCH, 3>(prm, a, ls, err, err_len);
+      case 4: return launch_at<MT, BF16, ARCH, 4>(prm, a, ls, err, err_len);
+      default: break;
+    }
+  }
+  return launch_at<MT, BF16, ARCH, 0>(prm, a, ls, err, err_len);
 }
 
 template <int ARCH>

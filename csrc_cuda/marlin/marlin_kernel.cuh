@@ -415,7 +415,8 @@ struct Block {
   // k groups' accumulators through shared memory; a segment spanning all of K then runs its
   // epilogue, any other stores its fp32 partial sums in the block's workspace slot for column t
   // (published later, by publish_and_reduce, once per block).
-  __device__ __forceinline__ void finish_segment(uint8_t* stage, int t, bool full, int u0) {
+  // dry: the kernel's first pass, with no tile computed (see kDryPass): only the k sum, on zeros.
+  __device__ __forceinline__ void finish_segment(uint8_t* stage, int t, bool full, int u0, bool dry) {
     float4* red = reinterpret_cast<float4*>(stage);
     EpilogueOperands e;
     QB_TRACE_CLOCK(kSlotClkFinish);
@@ -447,6 +448,7 @@ struct Block {
     }
     // the WN warps with wk == 0 (threads 0 .. 32 * WN - 1) from here on
     QB_TRACE_CLOCK(kSlotClkFinish + 2);
+    if (dry) return;
     if (full) {
       epilogue(t, e);
       return;
@@ -619,7 +621,12 @@ struct Occupancy {
   static constexpr int kMinBlocks = (ARCH >= 80 && MT == 1) ? 2 : 1;
 };
 
-template <int MT, bool BF16, int ARCH>
+// STAGES: the SM80 ring depth built into the kernel, or 0 for the depth in p.stages. With a depth
+// known at compile time the per-tile cp.async wait takes its count as an immediate; with a run-time
+// one the compiler makes it a jump table (two constant loads and an indirect branch on every tile),
+// which cost one m16 tile's launches 1 to 2 % on the H200. host::launch picks the built-in depths the
+// automatic choice uses.
+template <int MT, bool BF16, int ARCH, int STAGES>
 __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) marlin_mm_kernel(const Params p) {
   using S = Shape<MT>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -651,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
     using B = Block<MT, BF16, ARCH>;
     constexpr int kGroupThreads = 32 * B::WN;
     constexpr int kGroupChunks = 2 * B::KSW;  // 16-byte activation chunks per row of a k group's slice
-    const int nst = p.stages;
+    const int nst = STAGES > 0 ? STAGES : p.stages;
     const uint32_t ring_bytes = static_cast<uint32_t>(nst * S::kStageBytes);
     const uint32_t smem0 = smem_addr(smem);
     const int wk = blk.wk;
@@ -703,10 +710,21 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
 #if defined(QB_MARLIN_TRACE)
     int trace_segments = 0;
 #endif
-    while (i < n) {
-      const int seg_len = min(n - i, p.KT - kt);
+    // With one m16 tile, where the runs split columns, the first pass is dry: no tiles, only a
+    // segment end's k sum, on the zeroed accumulators and through the stage that no load fills before
+    // the loop reaches it, while the first tiles are on their way. On the H200 (trial W in
+    // marlin_trials_h200.txt) the tiles that follow then stream 0.42 us apart instead of 0.48
+    // (4096 x 4096, M = 1), and launches with split columns take 0.4 to 2.7 % less; runs of whole
+    // columns were 0.5 to 0.7 % slower with it (28672 x 4096). Why the loop runs faster after it was
+    // not found: its code is the same. The two- to four-tile instances keep their code (see
+    // kEarlyContributors for how their speed moved with unrelated changes).
+    constexpr bool kDryPass = MT == 1;
+    bool dry = kDryPass && p.per % p.KT != 0;  // known at run time only, so the pass is not peeled off
+    while (dry || i < n) {
+      const int seg_len = dry ? 0 : min(n - i, p.KT - kt);
       for (int j = 0; j < seg_len; ++j) {
-        cp_async_wait_dyn(nst - 2);  // this lane's copies of the tile have landed
+        // this lane's copies of the tile have landed
+        if constexpr (STAGES > 0) cp_async_wait<STAGES - 2>(); else cp_async_wait_dyn(nst - 2);
         // The k group's activation pieces have landed, and every warp of the group is done with the
         // stage the next load refills (it computed from it in the previous iteration).
         named_barrier_sync(2 + wk, kGroupThreads);
@@ -720,13 +738,17 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
       uint8_t* last = smem + (rd == 0 ? ring_bytes : rd) - S::kStageBytes;  // the stage just computed
 #if defined(QB_MARLIN_TRACE)
       if (i + seg_len == n) QB_TRACE_TIME(kSlotLoopEnd);
-      ++trace_segments;
+      if (!dry) ++trace_segments;
 #endif
-      const bool full = kt == 0 && seg_len == p.KT;
-      blk.finish_segment(last, t, full, u0);
-      if (!full) add_pending(t);
+      const bool full = !dry && kt == 0 && seg_len == p.KT;
+      blk.finish_segment(last, t, full, u0, dry);
+      if (!dry && !full) add_pending(t);
       blk.zero_acc();
       __syncthreads();  // the reduction buffer (`last`) is read before any warp's next load refills it
+      if (dry) {
+        dry = false;
+        continue;
+      }
       i += seg_len;
       ++t;
       kt = 0;
@@ -783,7 +805,7 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
       blk.compute(stage);
       if (kt == p.KT - 1 || i == n - 1) {
         const bool full = seg_kt0 == 0 && kt == p.KT - 1;
-        blk.finish_segment(stage, t, full, u0);
+        blk.finish_segment(stage, t, full, u0, false);
         if (!full) add_pending(t);
         blk.zero_acc();
         seg_kt0 = 0;
