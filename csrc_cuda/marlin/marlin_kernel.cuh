@@ -716,8 +716,8 @@ __global__ void __launch_bounds__(kThreads, (Occupancy<MT, ARCH>::kMinBlocks)) m
     // marlin_trials_h200.txt) the tiles that follow then stream 0.42 us apart instead of 0.48
     // (4096 x 4096, M = 1), and launches with split columns take 0.4 to 2.7 % less; runs of whole
     // columns were 0.5 to 0.7 % slower with it (28672 x 4096). Why the loop runs faster after it was
-    // not found: its code is the same. The two- to four-tile instances keep their code (see
-    // kEarlyContributors for how their speed moved with unrelated changes).
+    // not found: the loop's compiled code is the same. The two- to four-tile instances keep their
+    // code (see kEarlyContributors for how their speed moved with unrelated changes).
     constexpr bool kDryPass = MT == 1;
     bool dry = kDryPass && p.per % p.KT != 0;  // known at run time only, so the pass is not peeled off
     while (dry || i < n) {
