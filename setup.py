@@ -7,7 +7,6 @@ providers/_lib/ (editable installs) or the wheel's qbackend_providers/_lib/.
 """
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 

@@ -27,6 +27,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "marlin_internal.h"
 
 namespace qbmarlin {
@@ -182,6 +184,13 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 
 __device__ __forceinline__ float2 ldcg_f2(const float* p) { return __ldcg(reinterpret_cast<const float2*>(p)); }
 
+// v, made opaque to the compiler where this is called: what is computed from it cannot move above
+// that point (a volatile asm stays behind the barriers and fences before it).
+__device__ __forceinline__ uint32_t pinned(uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 template <bool BF16>
 __device__ __forceinline__ float2 act2_to_float2(uint32_t v) {
   float2 r;
@@ -331,12 +340,76 @@ struct Block {
     }
   }
 
-  // The epilogue's per-column operands for the columns of tile t this lane writes: scale (times the
-  // decode factor, a power of two, so acc * s is still the true product rounded once) and bias.
-  // Loaded when a segment ends, before its reduction, so the loads overlap it.
+  // The epilogue's operands for output columns n, n + 1: their scales and bias pair. They are loaded
+  // before the barriers (a segment's k sum) or fences (the hand-over) that come before their use, so
+  // that the loads overlap those. But an instruction that reads a load's register, even a
+  // predicated-off one, waits for the load there: about 1 us with the memory system full (the k sum
+  // of a whole column waited 1.08 us at its barrier so; trial X).
+  //
+  // With one or two m16 tiles (kLateOperandReads) nothing reads them before their use. They stay as
+  // loaded (RawPair), with no branch or select on them: columns past N (N % 8 == 0) load the last
+  // pair inside, which they never use, and with no bias the bias load reads the scale instead. The
+  // decode factor multiplies the sums, not the scales, and the bias is converted from behind
+  // `pinned`, which keeps the compiler from hoisting the conversion above the barrier.
+  //
+  // The three- and four-tile instances keep the form that prepares the operands as they load
+  // (ReadyPair): with the late form they ran 2 to 29 % slower at M = 64 and 128 (A/B, trial X), for
+  // no reason found in their code (no spills; see kEarlyContributors for such moves before). Their
+  // code below is written as it was before the late form, down to where `col` is worked out and
+  // which copy of the bias the fma reads: so written, their machine code (sm_80, sm_75, and sm_90
+  // from the compute_80 PTX) is the same as before, instruction for instruction.
+  static constexpr bool kLateOperandReads = MT <= 2;
+
+  struct RawPair {
+    float s0, s1;
+    uint32_t bias;  // the bias pair's bits in the activation dtype
+  };
+  struct ReadyPair {
+    float2 scale;  // times the decode factor (a power of two, so acc * scale is rounded once)
+    float2 bias;
+  };
+  using PairOperands = typename std::conditional<kLateOperandReads, RawPair, ReadyPair>::type;
+
+  __device__ __forceinline__ PairOperands load_pair(int n) const {
+    if constexpr (kLateOperandReads) {
+      const int c = min(n, p.N - 2);
+      const float* s = p.scale + (p.scale_per_col ? c : 0);
+      const void* b = p.bias ? static_cast<const void*>(p.bias + 2 * (int64_t)c) : static_cast<const void*>(p.scale);
+      return RawPair{__ldg(s), __ldg(s + (p.scale_per_col ? 1 : 0)), __ldg(static_cast<const uint32_t*>(b))};
+    } else {
+      ReadyPair o{make_float2(0.f, 0.f), make_float2(0.f, 0.f)};
+      if (n >= p.N) return o;  // N % 8 == 0: n < N implies n + 1 < N
+      const float s0 = __ldg(p.scale + (p.scale_per_col ? n : 0));
+      const float s1 = __ldg(p.scale + (p.scale_per_col ? n + 1 : 0));
+      o.scale = make_float2(s0 * decode_scale<BF16>(), s1 * decode_scale<BF16>());
+      if (p.bias) o.bias = act2_to_float2<BF16>(__ldg(reinterpret_cast<const uint32_t*>(p.bias + 2 * (int64_t)n)));
+      return o;
+    }
+  }
+
+  __device__ __forceinline__ float2 bias_of(const PairOperands& o) const {
+    if constexpr (kLateOperandReads) {
+      return p.bias ? act2_to_float2<BF16>(pinned(o.bias)) : make_float2(0.f, 0.f);
+    } else {
+      return o.bias;
+    }
+  }
+
+  // One output pair: the sums (x, y) times the decode factor times the scales, plus the bias, rounded
+  // once (in the fma) and then to the activation dtype.
+  __device__ __forceinline__ static uint32_t out_pair(const PairOperands& o, float2 bias, float x, float y) {
+    if constexpr (kLateOperandReads) {
+      return float2_to_act2<BF16>(fmaf(x * decode_scale<BF16>(), o.s0, bias.x),
+                                  fmaf(y * decode_scale<BF16>(), o.s1, bias.y));
+    } else {
+      return float2_to_act2<BF16>(fmaf(x, o.scale.x, o.bias.x), fmaf(y, o.scale.y, o.bias.y));  // o.bias == bias
+    }
+  }
+
+  // The pairs of the columns of tile t this lane writes, loaded when a segment ends, before its
+  // reduction, so the loads overlap it.
   struct EpilogueOperands {
-    float2 scale[JN];
-    float2 bias[JN];
+    PairOperands pair[JN];
   };
 
   __device__ __forceinline__ void load_epilogue_operands(int t, EpilogueOperands& e) const {
@@ -344,18 +417,23 @@ struct Block {
 #pragma unroll
     for (int j = 0; j < JN; ++j) {
       const int n = t * kTileN + col0(j) + 2 * q;
-      e.scale[j] = make_float2(0.f, 0.f);
-      e.bias[j] = make_float2(0.f, 0.f);
-      if (n >= p.N) continue;  // N % 8 == 0: n < N implies n + 1 < N
-      if (p.scale_per_col) {
-        e.scale[j] = make_float2(__ldg(p.scale + n), __ldg(p.scale + n + 1));
-      } else {
-        const float s = __ldg(p.scale);
-        e.scale[j] = make_float2(s, s);
+      if constexpr (kLateOperandReads) {
+        e.pair[j] = load_pair(n);
+      } else {  // as load_pair, but with a branch on the scale's granularity (see kLateOperandReads)
+        ReadyPair& o = e.pair[j];
+        o.scale = make_float2(0.f, 0.f);
+        o.bias = make_float2(0.f, 0.f);
+        if (n >= p.N) continue;  // N % 8 == 0: n < N implies n + 1 < N
+        if (p.scale_per_col) {
+          o.scale = make_float2(__ldg(p.scale + n), __ldg(p.scale + n + 1));
+        } else {
+          const float s = __ldg(p.scale);
+          o.scale = make_float2(s, s);
+        }
+        o.scale.x *= decode_scale<BF16>();
+        o.scale.y *= decode_scale<BF16>();
+        if (p.bias) o.bias = act2_to_float2<BF16>(__ldg(reinterpret_cast<const uint32_t*>(p.bias + 2 * (int64_t)n)));
       }
-      e.scale[j].x *= decode_scale<BF16>();
-      e.scale[j].y *= decode_scale<BF16>();
-      if (p.bias) e.bias[j] = act2_to_float2<BF16>(__ldg(reinterpret_cast<const uint32_t*>(p.bias + 2 * (int64_t)n)));
     }
   }
 
@@ -365,15 +443,15 @@ struct Block {
 #pragma unroll
     for (int j = 0; j < JN; ++j) {
       const int n = t * kTileN + col0(j) + 2 * q;
-      if (n >= p.N) continue;
+      if (n >= p.N) continue;  // N % 8 == 0: n < N implies n + 1 < N
+      const float2 bias = bias_of(e.pair[j]);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = mt * 16 + g + hh * 8;
           if (r < p.M) {
-            const uint32_t v = float2_to_act2<BF16>(fmaf(acc[mt][j][2 * hh], e.scale[j].x, e.bias[j].x),
-                                                    fmaf(acc[mt][j][2 * hh + 1], e.scale[j].y, e.bias[j].y));
+            const uint32_t v = out_pair(e.pair[j], bias, acc[mt][j][2 * hh], acc[mt][j][2 * hh + 1]);
             *reinterpret_cast<uint32_t*>(p.out + r * p.ldo_bytes + 2 * (int64_t)n) = v;
           }
         }
@@ -501,30 +579,16 @@ struct Block {
   // The column sums are shared out by float pair: thread tid takes the pair at columns
   // 2 * (tid % 64), +1 of rows tid / 64, + 4, + 8, ... (< M), reading the slots row-major as they
   // were written, so each thread needs one pair of scales and biases per column, loaded here before
-  // the round trips so that they are in registers by the time the sums are.
+  // the round trips so that they are in registers by the time the sums are (see PairOperands).
   static constexpr int kRowsPerThread = MT * 16 / (kThreads / (kTileN / 2));
   static constexpr int kReduceBatch = MT <= 2 ? 4 : 2;  // contributors whose loads are in flight together
 
-  struct ColumnEpilogue {
-    float2 scale, bias;
-  };
-
-  __device__ __forceinline__ ColumnEpilogue column_epilogue(int t) const {
-    const int n = t * kTileN + 2 * (tid % (kTileN / 2));
-    ColumnEpilogue e{make_float2(0.f, 0.f), make_float2(0.f, 0.f)};
-    if (n >= p.N) return e;  // N % 8 == 0: n < N implies n + 1 < N
-    const float s0 = __ldg(p.scale + (p.scale_per_col ? n : 0));
-    const float s1 = __ldg(p.scale + (p.scale_per_col ? n + 1 : 0));
-    e.scale = make_float2(s0 * decode_scale<BF16>(), s1 * decode_scale<BF16>());
-    if (p.bias) e.bias = act2_to_float2<BF16>(__ldg(reinterpret_cast<const uint32_t*>(p.bias + 2 * (int64_t)n)));
-    return e;
-  }
-
   __device__ __forceinline__ void publish_and_reduce(int pend0, int pend1, int npend, int* s_last) {
-    ColumnEpilogue e0{}, e1{};
+    PairOperands e0{}, e1{};
     Contributors c0{}, c1{};
-    if (npend > 0) e0 = column_epilogue(pend0);
-    if (npend > 1) e1 = column_epilogue(pend1);
+    // each at this thread's pair of a column sum (reduce_column), worked out in place (kLateOperandReads)
+    if (npend > 0) e0 = load_pair(pend0 * kTileN + 2 * (tid % (kTileN / 2)));
+    if (npend > 1) e1 = load_pair(pend1 * kTileN + 2 * (tid % (kTileN / 2)));
     if constexpr (kEarlyContributors) {
       if (npend > 0) c0 = contributors(pend0);
       if (npend > 1) c1 = contributors(pend1);
@@ -569,7 +633,7 @@ struct Block {
   }
 
   // `early`: the column's contributors when kEarlyContributors, else unused.
-  __device__ __forceinline__ void reduce_column(int t, const ColumnEpilogue& e, const Contributors& early) {
+  __device__ __forceinline__ void reduce_column(int t, const PairOperands& e, const Contributors& early) {
     const Contributors cb = kEarlyContributors ? early : contributors(t);
     const int b_first = cb.first, b_last = cb.last;
     const int col = 2 * (tid % (kTileN / 2));
@@ -603,12 +667,12 @@ struct Block {
     }
     if (!col_ok) return;
     const int64_t n = t * kTileN + col;
+    const float2 bias = bias_of(e);
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int r = row0 + i * kRowStep;
       if (r < p.M)
-        *reinterpret_cast<uint32_t*>(p.out + r * p.ldo_bytes + 2 * n) =
-            float2_to_act2<BF16>(fmaf(sum[i].x, e.scale.x, e.bias.x), fmaf(sum[i].y, e.scale.y, e.bias.y));
+        *reinterpret_cast<uint32_t*>(p.out + r * p.ldo_bytes + 2 * n) = out_pair(e, bias, sum[i].x, sum[i].y);
     }
   }
 };
