@@ -355,9 +355,9 @@ struct Block {
   // The three- and four-tile instances keep the form that prepares the operands as they load
   // (ReadyPair): with the late form they ran 2 to 29 % slower at M = 64 and 128 (A/B, trial X), for
   // no reason found in their code (no spills; see kEarlyContributors for such moves before). Their
-  // code below is written as it was before the late form, down to where `col` is worked out and
-  // which copy of the bias the fma reads: so written, their machine code (sm_80, sm_75, and sm_90
-  // from the compute_80 PTX) is the same as before, instruction for instruction.
+  // loads below are written as they were before the late form, down to where the hand-over works
+  // out its column offset: so written, their machine code (sm_80, sm_75, and sm_90 from the
+  // compute_80 PTX) is the same as before, instruction for instruction.
   static constexpr bool kLateOperandReads = MT <= 2;
 
   struct RawPair {
@@ -402,7 +402,7 @@ struct Block {
       return float2_to_act2<BF16>(fmaf(x * decode_scale<BF16>(), o.s0, bias.x),
                                   fmaf(y * decode_scale<BF16>(), o.s1, bias.y));
     } else {
-      return float2_to_act2<BF16>(fmaf(x, o.scale.x, o.bias.x), fmaf(y, o.scale.y, o.bias.y));  // o.bias == bias
+      return float2_to_act2<BF16>(fmaf(x, o.scale.x, bias.x), fmaf(y, o.scale.y, bias.y));
     }
   }
 
