@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|random|marlin|minilm|tune|ab|tokens|qbench|qsweep|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
+#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qsweep|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -30,6 +30,13 @@ for step in $steps; do
         -W ignore::UserWarning tests/gpu/test_random_cases.py 2>&1 | tail -40
       QBACKEND_RANDOM_CASES=${RANDOM_MEMCHECK_CASES:-10} timeout 300 compute-sanitizer --tool memcheck \
         python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/gpu/test_random_cases.py 2>&1 | tail -8 ;;
+    tcases)  # the random cases of the torch provider alone
+      QBACKEND_RANDOM_CASES=${RANDOM_CASES:-200} COLUMNS=400 timeout 400 python3 -m pytest -q -rf -p no:cacheprovider \
+        -W ignore::UserWarning -k "torch or reached" tests/gpu/test_random_cases.py 2>&1 | tail -30 ;;
+    tpaths)  # what torch's own scaled and integer GEMMs take here, and their costs
+      timeout 300 python3 bench/probe_torch_paths.py 2>&1 ;;
+    selection)  # the default selection per kind, the torch provider, and the reference, against bf16 torch.mm
+      timeout 560 python3 bench/bench_selection.py --out "$OUT" 2>&1 ;;
     marlin)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_marlin.py 2>&1 | tail -15 ;;
     mbench)

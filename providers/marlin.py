@@ -1,8 +1,11 @@
-"""The marlin provider: FP8 weight-only (W8A16) GEMMs for GPUs without fp8 tensor cores.
+"""The marlin provider: FP8 weight-only (W8A16) GEMMs, the only native W8A16 kernel, on every
+NVIDIA GPU from sm_75 up.
 
 1-byte e4m3 weights are streamed from memory and dequantized in registers; the math runs on
-fp16/bf16 tensor cores with fp32 accumulation. It serves sm_75 to sm_86 and can be forced
-(QBACKEND_PROVIDER=marlin) on newer chips, where its PTX runs through the driver's JIT.
+fp16/bf16 tensor cores with fp32 accumulation. The sm_80 family serves sm_80 and newer (on sm_89,
+sm_90 and later through the driver's JIT of its compute_80 PTX); the sm_75 family serves Turing.
+On sm_89+ a W8A8 call (activations quantized too) is faster at large M: that changes the math, so
+it is the caller's choice (docs/selection.md), never made here.
 The sm_75 path takes fp16 activations only (no bf16 tensor cores there): bf16 is refused with
 that reason rather than silently converted.
 
@@ -20,6 +23,7 @@ import torch
 
 import qbackend
 from qbackend import dtypes as qd
+from qbackend import probe
 from qbackend.problem import Op, Verdict
 from qbackend.provider import Provider, Rule, granularities
 from qbackend.weights import PreparedWeight
@@ -27,8 +31,11 @@ from qbackend.weights import PreparedWeight
 from . import marlin_native
 
 CUDA = frozenset({"cuda"})
-NEWEST = 10**3  # forceable on every newer chip
 VARIANT_ENV = "QBACKEND_MARLIN_VARIANT"
+# From this many rows on, marlin is slower than bf16 torch.mm on GPUs with fp8 tensor cores (H200:
+# x0.50 to x0.56 at M = 128 on every shape of bench/results/marlin_h200.json, x0.83 to x1.2 at 64):
+# it is built for small M and streams the weights again for every 64 rows.
+SLOWER_THAN_BF16_FROM_M = 128
 # The packing follows the activation dtype (marlin_native.prepare), so the layout name does too.
 LAYOUTS = {torch.float16: "marlin-128x128-f16", torch.bfloat16: "marlin-128x128-bf16"}
 
@@ -41,9 +48,8 @@ class MarlinProvider(Provider):
             rules=(
                 Rule(Op.SCALED_MM, CUDA, frozenset({(torch.float16, qd.E4M3), (torch.bfloat16, qd.E4M3)}),
                      granularities("none"), granularities("tensor", "channel"),
-                     frozenset({torch.float16, torch.bfloat16}), min_sm=75, max_sm=86,
-                     forceable_max_sm=NEWEST, k_align=16, n_align=8,
-                     why_arch="no fp8 tensor cores: W8A16"),
+                     frozenset({torch.float16, torch.bfloat16}), min_sm=75, k_align=16, n_align=8,
+                     why_arch="fp16/bf16 tensor cores"),
             ))
         text = os.environ.get(VARIANT_ENV, "").strip()
         digits = "".join(ch for ch in text if ch.isdigit())
@@ -51,6 +57,7 @@ class MarlinProvider(Provider):
         if text and text.lower() != "auto" and not self.variant:
             raise ValueError(f"{VARIANT_ENV}={text!r}: expected 80 or 75 (or sm80 / sm75)")
         self._warned = False
+        self._large_m_warned = False
 
     def _family(self, device) -> int:
         return self.variant or (80 if (device.sm or 0) >= 80 else 75)
@@ -76,9 +83,22 @@ class MarlinProvider(Provider):
         return PreparedWeight(self.name, LAYOUTS[problem.a_dtype], packed, scale_b, N, K, w_q.dtype, problem)
 
     def _mm(self, a, packed, scale_b, bias, N, K):
+        if a.shape[0] >= SLOWER_THAN_BF16_FROM_M and not self._large_m_warned:
+            self._warn_large_m(a)
         out = torch.empty((a.shape[0], N), dtype=a.dtype, device=a.device)
         return marlin_native.mm(a, packed, scale_b.reshape(-1).contiguous(), bias, out, N, K,
                                 variant=self.variant)
+
+    def _warn_large_m(self, a):
+        """Once: W8A16 at large M on sm_89+ costs more than not quantizing; say so, and what is faster."""
+        self._large_m_warned = True
+        sm = probe.device_info(a.device).sm or 0
+        if sm >= 89:
+            warnings.warn(f"qbackend: marlin runs W8A16 with M = {a.shape[0]} rows on sm_{sm}: from about "
+                          f"{SLOWER_THAN_BF16_FROM_M} rows it is slower than bf16 torch.mm on GPUs with fp8 "
+                          "tensor cores (x0.5 at M = 128 on an H200). For prefill-heavy work, W8A8 (activations "
+                          "quantized per token) is several times faster there; see docs/selection.md",
+                          stacklevel=5)
 
     def scaled_mm_prepared(self, a, weight, scale_a, out_dtype, bias, problem):
         if weight.layout == "nk":

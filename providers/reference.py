@@ -19,9 +19,9 @@ from qbackend.provider import Provider, Rule, granularities
 from qbackend.scales import expand, group_size
 
 ANY_BACKEND = frozenset({"cpu", "cuda", "hip"})
-_W8A8 = [(a, b) for a in qd.FP8_OCP for b in qd.FP8_OCP] + \
+W8A8_PAIRS = [(a, b) for a in qd.FP8_OCP for b in qd.FP8_OCP] + \
         [(a, b) for a in qd.FP8_FNUZ for b in qd.FP8_FNUZ] + [(torch.int8, torch.int8)]
-_W8A16 = [(a, b) for a in qd.ACTIVATION_DTYPES for b in qd.FP8_DTYPES]
+W8A16_PAIRS = [(a, b) for a in qd.ACTIVATION_DTYPES for b in qd.FP8_DTYPES]
 _QUANT = [(x, q) for x in qd.FLOAT_INPUT_DTYPES for q in qd.QUANT_DTYPES]
 
 
@@ -114,16 +114,21 @@ def saturate_cast(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return v.clamp(-qmax, qmax).to(dtype)
 
 
+def dynamic_scale(xf, dtype, granularity, scale_ub, group, block) -> torch.Tensor:
+    """max(min(amax, scale_ub) / qmax, min_scale) over each granule of the fp32 input."""
+    amax = _amax(xf, granularity, group, block)
+    if scale_ub is not None:
+        amax = torch.minimum(amax, scale_ub.reshape(()))
+    # Tensor / tensor division: IEEE-rounded on every device (torch turns division by a
+    # Python scalar into multiplication by its reciprocal on CUDA, which can differ by 1 ulp).
+    qmax = torch.full_like(amax, qd.qmax(dtype))
+    return torch.clamp(amax / qmax, min=qd.min_scale(dtype))
+
+
 def reference_quantize(x, dtype, granularity, scale, scale_ub, group, block):
     xf = x.float()
     if scale is None:
-        amax = _amax(xf, granularity, group, block)
-        if scale_ub is not None:
-            amax = torch.minimum(amax, scale_ub.reshape(()))
-        # Tensor / tensor division: IEEE-rounded on every device (torch turns division by a
-        # Python scalar into multiplication by its reciprocal on CUDA, which can differ by 1 ulp).
-        qmax = torch.full_like(amax, qd.qmax(dtype))
-        scale = torch.clamp(amax / qmax, min=qd.min_scale(dtype))
+        scale = dynamic_scale(xf, dtype, granularity, scale_ub, group, block)
     q = saturate_cast(xf / _expand_like(scale.float(), xf, granularity, block), dtype)
     return q, scale
 
@@ -135,9 +140,9 @@ class ReferenceProvider(Provider):
             name="reference", priority=0,
             description="plain torch, any device: the exact semantics, the oracle for every test",
             rules=(
-                Rule(Op.SCALED_MM, ANY_BACKEND, frozenset(_W8A8), every_a - {G.NONE},
+                Rule(Op.SCALED_MM, ANY_BACKEND, frozenset(W8A8_PAIRS), every_a - {G.NONE},
                      granularities("tensor", "channel", "block"), frozenset(qd.OUT_DTYPES)),
-                Rule(Op.SCALED_MM, ANY_BACKEND, frozenset(_W8A16), frozenset({G.NONE}),
+                Rule(Op.SCALED_MM, ANY_BACKEND, frozenset(W8A16_PAIRS), frozenset({G.NONE}),
                      granularities("tensor", "channel", "block"), frozenset(qd.OUT_DTYPES)),
                 Rule(Op.QUANTIZE, ANY_BACKEND, frozenset(_QUANT),
                      granularities("tensor", "token", "channel", "group", "block")),

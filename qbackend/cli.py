@@ -53,11 +53,27 @@ def info_report(simulate: str | None = None) -> dict:
         "native_libraries": libs,
         "providers": providers,
         "selection": {kind: name for kind, (name, _) in table.items()},
+        "selection_paths": _chosen_paths(table, device),
         "selection_reasons": {kind: reasons for kind, (_, reasons) in table.items()},
         "forced_provider": reg.forced, "disabled_providers": sorted(reg.disabled),
         "plugin_errors": [{"source": e.source, "stage": e.stage, "message": e.message}
                           for e in reg.errors],
     }
+
+
+def _chosen_paths(table: dict, device) -> dict:
+    """{kind: how the chosen provider serves it} where its verdict says more than "ok" (the torch
+    provider names the torch op it calls)."""
+    import qbackend
+
+    paths = {}
+    for kind, (name, _) in table.items():
+        if name is None:
+            continue
+        reason = dict(qbackend.select(kind, device).verdicts)[name].reason
+        if reason.startswith("ok: "):
+            paths[kind] = reason[len("ok: "):]
+    return paths
 
 
 def _print_info(r: dict) -> None:
@@ -85,7 +101,8 @@ def _print_info(r: dict) -> None:
         print(f"        from {p['source']}: {p['description']}")
     print("selection:")
     for kind, name in r["selection"].items():
-        print(f"  {kind:<28} -> {name or 'none'}")
+        path = f"  ({r['selection_paths'][kind]})" if kind in r["selection_paths"] else ""
+        print(f"  {kind:<28} -> {name or 'none'}{path}")
         for prov, why in r["selection_reasons"][kind].items():
             print(f"  {'':<28}    {prov}: {why}")
     if r["forced_provider"] or r["disabled_providers"]:

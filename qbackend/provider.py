@@ -32,6 +32,7 @@ class Rule:
     min_sm: int | None = None               # NVIDIA compute capability range, as ints (89 = sm_89)
     max_sm: int | None = None
     forceable_max_sm: int | None = None     # newer chips where it runs if forced by name
+    forceable_backends: frozenset = frozenset()  # other backends where it runs if forced by name
     archs: frozenset | None = None          # explicit arch names (AMD)
     bias: bool = True
     k_align: int = 1                        # K (and N) must be multiples of these
@@ -44,8 +45,14 @@ class Rule:
         """(how many checks passed, first failed check's reason or None, forceable)."""
         if p.op is not self.op:
             return 0, f"does not implement {p.op}", False
+        # The reason, where the device is outside the rule's backends or arch range but the rule
+        # may be forced there.
+        outside = None
         if device.backend not in self.backends:
-            return 1, f"runs on {_names(self.backends)}, not {device.backend}", False
+            if device.backend not in self.forceable_backends:
+                return 1, f"runs on {_names(self.backends)}, not {device.backend}", False
+            outside = (f"serves {_names(self.backends)}, not {device.backend}; "
+                       "force it with QBACKEND_PROVIDER")
         if (p.a_dtype, p.b_dtype) not in self.dtype_pairs:
             pairs = sorted(f"{qd.dtype_name(a)} x {qd.dtype_name(b)}" for a, b in self.dtype_pairs)
             return 2, (f"takes {'; '.join(pairs)}, not {qd.dtype_name(p.a_dtype)} x "
@@ -54,7 +61,6 @@ class Rule:
         if self.archs is not None and device.arch not in self.archs:
             return 3, f"needs {_names(self.archs)}{why}; device is {device.arch}", False
         sm = device.sm
-        outside = None  # the reason, where the device is outside the arch range but the rule may be forced
         if self.min_sm is not None or self.max_sm is not None:
             lo, hi = self.min_sm or 0, self.max_sm or 10**9
             if sm is None or not lo <= sm <= hi:
@@ -62,7 +68,8 @@ class Rule:
                 if not (sm is not None and lo <= sm <= (self.forceable_max_sm or 0)):
                     return 3, f"serves {span}{why}; device is {device.arch}", False
                 outside = f"serves {span}{why}; device is {device.arch}; force it with QBACKEND_PROVIDER"
-        # Forcing lifts the arch range only: every check below still holds for a forced provider.
+        # Forcing lifts the backend and arch range only: every check below still holds for a forced
+        # provider.
         depth, reason = self._problem_mismatch(p)
         if reason is not None:
             return depth, reason, False

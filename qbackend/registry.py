@@ -15,7 +15,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 
-from . import plugins, probe
+from . import fallback, plugins, probe
 from .probe import DeviceInfo
 from .problem import Problem, Verdict
 
@@ -105,14 +105,13 @@ class Registry:
         return Decision(None, "none", verdicts)
 
     def _warn_if_fallback(self, device: DeviceInfo, problem: Problem, decision: Decision) -> None:
-        # A GPU call served by the reference provider is correct but slow: say so, once per problem.
+        # A GPU call served by the reference provider is correct but slow: say so, with its cost
+        # and what would give a fast path, once per problem.
         # Only calls warn; selection queries (qbackend info, selection_table) only report.
         if device.backend in ("cuda", "hip") and not device.simulated and decision.name == "reference" \
                 and decision.how == "priority" and (device.key, problem) not in self._warned:
             self._warned.add((device.key, problem))
-            warnings.warn(f"qbackend: no native provider serves {problem.describe()} on "
-                          f"{device.arch}; using the reference provider (correct, slow). "
-                          f"{decision.reason()}", stacklevel=3)
+            warnings.warn(fallback.message(device, problem, decision), stacklevel=3)
 
     def select(self, device: DeviceInfo, problem: Problem):
         decision = self.decide(device, problem)

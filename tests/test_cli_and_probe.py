@@ -51,6 +51,24 @@ def test_info_simulate_gfx942_lists_fnuz():
     assert "float8_e4m3fnuz" in r["device"]["fp8_dtypes"] and r["device"]["backend"] == "hip"
 
 
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_info_simulate_amd_shows_what_the_torch_provider_serves(arch):
+    """On AMD, hipBLASLt takes per-tensor FP8; every other kind goes to torch's own ops, and the
+    report names the op."""
+    r = json.loads(run_info("--json", "--simulate", arch))
+    assert r["selection"] == {"fp8_w8a8_per_tensor": "hipblaslt", "fp8_w8a8_per_token_channel": "torch",
+                              "fp8_w8a16": "torch", "int8_w8a8": "torch", "fp8_block": "torch"}
+    paths = r["selection_paths"]
+    assert paths["fp8_w8a8_per_token_channel"] == "torch._scaled_mm with per-row and per-column scales"
+    assert paths["int8_w8a8"].startswith("torch._int_mm")
+    assert paths["fp8_w8a16"] == paths["fp8_block"] == "operands dequantized to bfloat16, one bfloat16 GEMM"
+    torch_line = next(p for p in r["providers"] if p["name"] == "torch")
+    assert torch_line["available"] and torch_line["reason"] == (
+        "serves fp8_w8a8_per_token_channel, fp8_w8a16, int8_w8a8, fp8_block")
+    text = run_info("--simulate", arch)
+    assert "fp8_block                    -> torch  (operands dequantized to bfloat16" in text
+
+
 def test_info_simulate_environment_variable_matches_flag():
     by_env = json.loads(run_info("--json", env={"QBACKEND_SIMULATE": "sm_89"}))
     by_flag = json.loads(run_info("--json", "--simulate", "sm_89"))

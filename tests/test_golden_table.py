@@ -9,17 +9,17 @@ import pytest
 from qbackend import golden
 from qbackend.problem import PROBLEM_KINDS
 
-R, C, M, H = "reference", "cutlass", "marlin", "hipblaslt"
+R, C, M, H, T = "reference", "cutlass", "marlin", "hipblaslt", "torch"
 # kinds: fp8_w8a8_per_tensor, fp8_w8a8_per_token_channel, fp8_w8a16, int8_w8a8, fp8_block
 EXPECTED = {
-    "sm_75": (R, R, M, C, R),
-    "sm_80": (R, R, M, C, R),
-    "sm_86": (R, R, M, C, R),
-    "sm_89": (C, C, R, C, R),
-    "sm_90": (C, C, R, C, R),
-    "sm_100": (C, C, R, C, R),
-    "gfx942": (H, R, R, R, R),
-    "gfx950": (H, R, R, R, R),
+    "sm_75": (T, T, M, C, T),
+    "sm_80": (T, T, M, C, T),
+    "sm_86": (T, T, M, C, T),
+    "sm_89": (C, C, M, C, T),
+    "sm_90": (C, C, M, C, T),
+    "sm_100": (C, C, M, C, T),
+    "gfx942": (H, T, T, T, T),
+    "gfx950": (H, T, T, T, T),
     "cpu": (R, R, R, R, R),
 }
 
@@ -45,11 +45,29 @@ def test_every_rejection_has_a_reason(table):
 def test_specific_reasons(table):
     assert "sm_89+" in table["sm_80"]["fp8_w8a8_per_tensor"][1]["cutlass"]
     assert "fp8 tensor cores" in table["sm_86"]["fp8_w8a8_per_token_channel"][1]["cutlass"]
-    marlin_sm90 = table["sm_90"]["fp8_w8a16"][1]["marlin"]
-    assert "sm_75 to sm_86" in marlin_sm90 and "QBACKEND_PROVIDER" in marlin_sm90
     assert "runs on cuda" in table["gfx942"]["fp8_w8a16"][1]["marlin"]
     assert "scale_a granularity token" in table["gfx942"]["fp8_w8a8_per_token_channel"][1]["hipblaslt"]
     assert "group" in table["sm_90"]["fp8_block"][1]["cutlass"]
+    # The torch provider is tried after every native one: where they serve, its verdict is ok too.
+    assert "torch" not in table["sm_90"]["fp8_w8a16"][1]
+    # On the CPU it runs only when forced.
+    assert "force it with QBACKEND_PROVIDER" in table["cpu"]["fp8_block"][1]["torch"]
+
+
+def test_torch_provider_names_its_path():
+    """`explain` says which of torch's ops serves each kind on AMD (simulated), where the torch
+    provider is the fast path for everything hipBLASLt's per-tensor rule does not take."""
+    from qbackend import explain, probe
+
+    for arch in ("gfx942", "gfx950"):
+        device = probe.simulated(arch)
+        assert "-> torch: ok: torch._scaled_mm with per-row and per-column scales" in \
+            explain("fp8_w8a8_per_token_channel", device)
+        assert "-> torch: ok: torch._int_mm" in explain("int8_w8a8", device)
+        assert "-> torch: ok: operands dequantized to bfloat16" in explain("fp8_w8a16", device)
+        assert "-> torch: ok: operands dequantized to bfloat16" in explain("fp8_block", device)
+    assert "-> torch: ok: torch.nn.functional.scaled_mm with 1x128 and 128x128 block scales" in \
+        explain("fp8_block", probe.simulated("sm_90"))
 
 
 def test_docs_embed_the_same_table(table):
@@ -58,23 +76,23 @@ def test_docs_embed_the_same_table(table):
     assert doc[start:stop] == golden.markdown(table), "docs/selection.md is stale: python tools/update_docs.py"
 
 
-def test_marlin_can_be_forced_on_sm90(monkeypatch):
+def test_marlin_serves_w8a16_on_every_nvidia_arch(table):
+    """marlin is the only native W8A16 kernel: it serves from sm_75 up, by priority, and forcing
+    it leaves W8A8 problems (which it cannot run) to normal selection."""
     import qbackend
     from qbackend import probe, registry
 
-    monkeypatch.setenv("QBACKEND_PROVIDER", "marlin")
+    for arch in ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100"):
+        assert table[arch]["fp8_w8a16"][0] == "marlin", arch
     registry.reload()
-    decision = qbackend.select("fp8_w8a16", probe.simulated("sm_90"))
-    assert decision.name == "marlin" and decision.how == "forced"
-    # marlin cannot run W8A8 at all, so forcing it leaves W8A8 problems to normal selection.
-    assert qbackend.select("fp8_w8a8_per_tensor", probe.simulated("sm_90")).name == "cutlass"
+    assert qbackend.select("fp8_w8a16", probe.simulated("sm_90")).how == "priority"
 
 
-def test_forcing_lifts_the_arch_range_only(monkeypatch):
-    """A provider forced outside its arch range must still take the problem: forcing marlin on
-    sm_90 used to skip its other rules too, so N not a multiple of 8 reached the kernel (an error
-    from the library) and a block scale_b of N values was read as per-channel scales (a wrong
-    result). Such problems go on to normal selection, with the rule that refuses them as reason."""
+def test_forcing_keeps_the_problem_rules(monkeypatch):
+    """A forced provider must still take the problem: forcing marlin once let N not a multiple of 8
+    reach the kernel (an error from the library) and a block scale_b of N values be read as
+    per-channel scales (a wrong result). Such problems go on to normal selection, with the rule that
+    refuses them as reason."""
     import torch
 
     import qbackend
@@ -88,6 +106,8 @@ def test_forcing_lifts_the_arch_range_only(monkeypatch):
     E4M3, BF16 = torch.float8_e4m3fn, torch.bfloat16
     fits = Problem(Op.SCALED_MM, BF16, E4M3, BF16, G.NONE, G.CHANNEL, False, 16, 16)
     assert qbackend.select(fits, sm90).name == "marlin"
+    # marlin cannot run W8A8 at all, so forcing it leaves W8A8 problems to normal selection.
+    assert qbackend.select("fp8_w8a8_per_tensor", sm90).name == "cutlass"
     for problem, why in ((Problem(Op.SCALED_MM, BF16, E4M3, BF16, G.NONE, G.CHANNEL, False, 16, 4),
                           "N to be a multiple of 8"),
                          (Problem(Op.SCALED_MM, BF16, E4M3, BF16, G.NONE, G.BLOCK, False, 16, 16, group=128),
@@ -95,9 +115,29 @@ def test_forcing_lifts_the_arch_range_only(monkeypatch):
                          (Problem(Op.SCALED_MM, BF16, E4M3, torch.float16, G.NONE, G.CHANNEL, False, 16, 16),
                           "output in the activation dtype")):
         decision = qbackend.select(problem, sm90)
-        assert decision.name == "reference" and decision.how == "priority", problem
+        assert decision.name == "torch" and decision.how == "priority", problem
         verdict = dict(decision.verdicts)["marlin"]
         assert not verdict.forceable and why in verdict.reason, verdict
+
+
+def test_forcing_lifts_the_backend_range_only(monkeypatch):
+    """The torch provider serves GPUs; forced, it runs on the CPU too (how its paths are tested),
+    with every other rule still holding."""
+    import torch
+
+    import qbackend
+    from qbackend import probe, registry
+
+    cpu = probe.cpu_info()
+    registry.reload()
+    decision = qbackend.select("fp8_block", cpu)
+    assert decision.name == "reference" and dict(decision.verdicts)["torch"].forceable
+    monkeypatch.setenv("QBACKEND_PROVIDER", "torch")
+    registry.reload()
+    assert qbackend.select("fp8_block", cpu).how == "forced"
+    x = torch.randn(4, 256)
+    q, s = qbackend.quantize(x, torch.float8_e4m3fn, "group")
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (4, 2)
 
 
 def test_runtime_refusals_are_kept():
@@ -121,5 +161,5 @@ def test_runtime_refusals_are_kept():
     assert not verdict.ok and verdict.reason == "library not built"
     bf16_on_t4 = Problem(Op.SCALED_MM, torch.bfloat16, torch.float8_e4m3fn, torch.bfloat16, G.NONE, G.CHANNEL)
     decision = qbackend.select(bf16_on_t4, probe.simulated("sm_75"))
-    assert decision.name == "reference"
+    assert decision.name == "torch"
     assert "float16 activations only" in dict(decision.verdicts)["marlin"].reason

@@ -8,7 +8,6 @@ import os
 import pytest
 import torch
 
-from qbackend import registry
 from qbackend.cli import main
 from qbackend.formats import load_checkpoint
 from qbackend.nn import QuantLinear, calibrate, quantize_model
@@ -124,26 +123,15 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.fixture
-def native_providers(monkeypatch):
-    """On a GPU, the providers each scheme must run on: the native ones, never the reference. W8A16
-    on a GPU with FP8 tensor cores is not marlin's by default (W8A8 is faster there), so it is forced."""
-    forced = []
-
+def native_providers():
+    """On a GPU, the providers each scheme must run on: the native ones, never a fallback (marlin
+    serves W8A16 on every NVIDIA arch from sm_75 up)."""
     def expect(scheme, device):
         if device == "cpu":
             return {"reference"}
-        if scheme == "fp8_weight_only":
-            if torch.cuda.get_device_capability(device) >= (8, 9):
-                monkeypatch.setenv("QBACKEND_PROVIDER", "marlin")
-                forced.append(True)
-                registry.reload()
-            return {"marlin"}
-        return {"cutlass"}
+        return {"marlin"} if scheme == "fp8_weight_only" else {"cutlass"}
 
-    yield expect
-    if forced:
-        monkeypatch.delenv("QBACKEND_PROVIDER")
-        registry.reload()
+    return expect
 
 
 @pytest.mark.parametrize("device", DEVICES)

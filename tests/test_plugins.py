@@ -184,9 +184,10 @@ def test_custom_rule_based_provider_selected_by_priority(gen):
     assert "-> fast: ok" in text and "chosen: fast (priority)" in text
 
 
-def test_reference_fallback_on_a_gpu_warns_once_and_only_for_calls():
+def test_reference_fallback_on_a_gpu_warns_once_and_only_for_calls(monkeypatch):
     """A real (not simulated) GPU problem that only the reference provider serves warns on the first
-    call, once; selection queries (qbackend info, selection_table) report it without warning."""
+    call, once, with the kind, the device, the cost and what would give a fast path; selection
+    queries (qbackend info, selection_table) report it without warning."""
     import dataclasses
     import warnings
 
@@ -195,15 +196,20 @@ def test_reference_fallback_on_a_gpu_warns_once_and_only_for_calls():
 
     gpu = dataclasses.replace(simulated("sm_90"), simulated=False, probe="test")
     problem = representative("fp8_block")
+    monkeypatch.setenv("QBACKEND_DISABLE", "torch")
     reg = registry.reload()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert reg.decide(gpu, problem).name == "reference"   # a query: no warning
-        with pytest.warns(UserWarning, match="no native provider serves .* using the reference provider"):
+        with pytest.warns(UserWarning) as caught:
             assert reg.select(gpu, problem).name == "reference"
+        text = str(caught[0].message)
+        assert text.startswith("qbackend: fp8_block on sm_90 (H100 (simulated)) runs on the reference provider")
+        assert "x slower than bf16 torch.mm" in text and "remove torch from QBACKEND_DISABLE" in text
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             reg.select(gpu, problem)                                # once per problem
     finally:
+        monkeypatch.delenv("QBACKEND_DISABLE")
         registry.reload()

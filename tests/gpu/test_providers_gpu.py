@@ -153,7 +153,7 @@ def test_marlin_forced_through_prepare_and_linear(monkeypatch, variant, act, M):
         w = torch.randn(256, 512, device=DEV)
         qw, sw = qbackend.quantize(w, F8, "channel")
         pw = qbackend.prepare_weight(qw, sw, act)
-        assert pw.provider == "reference"  # refused with a reason, served by the reference
+        assert pw.provider == "torch"  # refused with a reason, served by the torch provider
         return
     with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
     for (N, K) in [(4096, 4096), (1024, 14336), (264, 2064)]:

@@ -12,7 +12,9 @@ a user may pass instead, within the API's rules:
 - the kernel families forced at random: sm_90a and sm_89 FP8, sm_80 and sm_75 INT8, marlin's
   sm_80 and sm_75 paths (the older ones through their PTX on a newer GPU);
 - quantize + linear (W8A8) or linear (W8A16) captured in a CUDA graph and replayed on new
-  activations, and quantize + scaled_mm or linear through torch.compile(fullgraph=True).
+  activations, and quantize + scaled_mm or linear through torch.compile(fullgraph=True);
+- the torch provider forced on every kind it serves (fp8 and int8 W8A8, W8A16, block scales with
+  partial blocks), eager, replayed from a graph or compiled, each case counted by the path it took.
 Outputs outside graphs are poisoned first; a GEMM must be NaN-free and within the stated tolerance
 of the fp32 reference, a quantization bit for bit equal to it. The last test prints which provider served each
 family's cases and, from 50 cases on, checks that at least a third of them ran on the native
@@ -36,6 +38,8 @@ import torch
 import qbackend
 from gpu_helpers import DEV, captured, poison, reference, rel_err, with_provider
 from qbackend.validate import validate_quantize, validate_scaled_mm
+from qbackend.weights import weight_scale_to_b
+from qbackend_providers import torch_paths
 
 pytestmark = pytest.mark.gpu
 F8 = torch.float8_e4m3fn
@@ -332,6 +336,99 @@ def test_random_compiled(monkeypatch, i):
                 bias=bias is not None, prepared=prepared, scale_b=tuple(scale_b.shape))
     (y, sx), (y_eager, sx_eager) = torch.compile(f, fullgraph=True, dynamic=False)(x), f(x)
     assert torch.equal(sx, sx_eager) and torch.equal(y, y_eager), what
+
+
+TORCH_KINDS = ["fp8", "fp8-mixed", "e5m2", "int8", "w8a16", "block"]
+TORCH_COMPILED = 12  # compiled cases are slow (a graph each): the first ones of the family only
+
+
+def torch_operands(r, g, kind: str, M: int, N: int, K: int):
+    """(a, scale_a, weight [N, K], weight scale as a checkpoint has it, activation dtype and
+    granularity for prepare_weight) for one torch-provider case."""
+    if kind == "w8a16":
+        act = r.choice([torch.bfloat16, torch.float16])
+        (R, C), at = window(r, M, K, 2)
+        qw, sw = quantized_weight(r, g, N, K, F8)
+        return cut(torch.randn(R, C, device=DEV, generator=g).to(act), at, M, K), None, qw, sw, act, "tensor"
+    if kind == "block":
+        x = torch.randn(M, K, device=DEV, generator=g)
+        width = -(-K // 128) * 128  # quantize takes whole groups: a padded row, then a K-wide window
+        qa, sa = qbackend.quantize(torch.nn.functional.pad(x, (0, width - K)), F8, "group")
+        qw, sw = qbackend.quantize(torch.randn(N, K, device=DEV, generator=g), F8, "block")
+        return qa[:, :K], sa, qw, sw, F8, "group"
+    a_dtype, w_dtype = {"fp8": (F8, F8), "fp8-mixed": (F8, torch.float8_e5m2),
+                        "e5m2": (torch.float8_e5m2, torch.float8_e5m2), "int8": (torch.int8, torch.int8)}[kind]
+    (R, C), at = window(r, M, K, 1)
+    act_gran = r.choice(["token", "tensor"])
+    qx_all, sx_all = qbackend.quantize(torch.randn(R, C, device=DEV, generator=g), a_dtype, act_gran)
+    qw, sw = quantized_weight(r, g, N, K, w_dtype)
+    sx = sx_all[at[0]:at[0] + M] if act_gran == "token" else sx_all
+    if r.random() < 0.3:
+        sw = sw.max()  # a per-tensor weight scale
+    return cut(qx_all, at, M, K), sx, qw, sw, a_dtype, act_gran
+
+
+@pytest.mark.parametrize("i", CASES, ids=lambda i: f"torch-{i}")
+def test_random_torch_provider(monkeypatch, i):
+    """The torch provider forced, on every kind it serves: torch._scaled_mm (tensorwise, rowwise,
+    blockwise, unit scales), torch._int_mm, and dequantize + one GEMM; eager, replayed from a CUDA
+    graph, or through torch.compile(fullgraph=True); prepared weights or not."""
+    r, g = case_random("torch", i)
+    with_provider(monkeypatch, "torch")
+    kind = r.choice(TORCH_KINDS)
+    M, N, K = draw_mnk(r, 4096, 16)
+    if kind == "block" and r.random() < 0.7:  # mostly whole 128 blocks, as checkpoints have them
+        N, K = -(-N // 128) * 128, -(-K // 128) * 128
+    if kind != "w8a16":
+        K = -(-K // 16) * 16  # quantized rows of K bytes: scaled_mm takes them in 16-byte units
+    a, sa, qw, sw, act, gran = torch_operands(r, g, kind, M, N, K)
+    weight_only = kind == "w8a16"
+    out_dtype = act if weight_only else r.choice([torch.bfloat16, torch.float16, torch.float32])
+    bias = torch.randn(N, device=DEV, generator=g).to(out_dtype) if r.random() < 0.5 else None
+    mode = "compile" if i < TORCH_COMPILED and r.random() < 0.5 else r.choice(["eager", "eager", "graph"])
+    prepared = mode != "eager" or r.random() < 0.5
+    pw = qbackend.prepare_weight(qw, sw, act, gran, out_dtype, bias=bias is not None) if prepared else None
+    scale_b = pw.scale if prepared else weight_scale_to_b(sw, N, K)
+    problem = validate_scaled_mm(a, qw.t(), sa, scale_b, out_dtype, bias)
+    path = torch_paths.path(qbackend.device_info(torch.device(DEV)), problem)
+    SERVED[("torch", served_by_path(problem, path))] += 1
+    what = dict(kind=kind, M=M, N=N, K=K, out=out_dtype, bias=bias is not None, mode=mode, prepared=prepared,
+                path=path, a_stride=tuple(a.stride()), scale_a=None if sa is None else tuple(sa.shape),
+                scale_b=tuple(scale_b.shape))
+
+    def call():
+        if prepared:
+            return qbackend.linear(a, pw, sa, bias, out_dtype)
+        return qbackend.scaled_mm(a, qw.t(), sa, scale_b, out_dtype=out_dtype, bias=bias)
+
+    if mode == "graph":
+        graph, out = captured(call)
+        out.fill_(float("nan"))  # every element must be written by the replay
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, call()), what
+    elif mode == "compile":
+        torch._dynamo.reset()
+        out = torch.compile(call, fullgraph=True, dynamic=False)()
+        assert torch.equal(out, call()), what
+    else:
+        poison()
+        out = call()
+    ref = reference(qbackend.scaled_mm, a, qw.t(), sa, scale_b, out_dtype=torch.float32,
+                    bias=None if bias is None else bias.float())
+    assert out.shape == (M, N) and out.dtype == out_dtype, what
+    # bf16 carries 8 significant bits, fp16 11: the dequantized path rounds each scaled operand to
+    # its compute dtype (bf16 for W8A8, the activation dtype for W8A16), the others only the output.
+    compute = torch_paths.compute_dtype(qbackend.device_info(torch.device(DEV)), problem)
+    rounding = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-4}
+    tol = max(rounding[out_dtype], rounding[compute] if path == torch_paths.DEQUANT else 0)
+    assert rel_err(out, ref) < tol, what
+
+
+def served_by_path(problem, path: str) -> str:
+    """The provider selected for a torch-family case, named with the path it took."""
+    name = qbackend.select(problem, torch.device(DEV)).name
+    return f"{name}:{path}" if name == "torch" else name
 
 
 def test_the_cases_reached_the_kernels(capsys):
