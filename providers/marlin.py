@@ -32,10 +32,12 @@ from . import marlin_native
 
 CUDA = frozenset({"cuda"})
 VARIANT_ENV = "QBACKEND_MARLIN_VARIANT"
-# From this many rows on, marlin is slower than bf16 torch.mm on GPUs with fp8 tensor cores (H200:
-# x0.50 to x0.56 at M = 128 on every shape of bench/results/marlin_h200.json, x0.83 to x1.2 at 64):
-# it is built for small M and streams the weights again for every 64 rows.
-SLOWER_THAN_BF16_FROM_M = 128
+# The kernel is built for small M: it streams the weights again for every 64 rows, and at M = 128 it
+# is at x0.50 to x0.56 of bf16 torch.mm on every shape of bench/results/marlin_h200.json (H200). With
+# more rows than this, the packed weight is unpacked to a dense [N, K] in the activation dtype (one
+# pass: 1 byte read, 2 written per weight) and multiplied by cuBLAS, whose time grows with M far
+# more slowly.
+UNPACK_ABOVE_M = 128
 # The packing follows the activation dtype (marlin_native.prepare), so the layout name does too.
 LAYOUTS = {torch.float16: "marlin-128x128-f16", torch.bfloat16: "marlin-128x128-bf16"}
 
@@ -58,6 +60,7 @@ class MarlinProvider(Provider):
             raise ValueError(f"{VARIANT_ENV}={text!r}: expected 80 or 75 (or sm80 / sm75)")
         self._warned = False
         self._large_m_warned = False
+        self._unpacks: dict = {}  # device index -> whether the unpack path runs there
 
     def _family(self, device) -> int:
         return self.variant or (80 if (device.sm or 0) >= 80 else 75)
@@ -82,9 +85,21 @@ class MarlinProvider(Provider):
         packed = marlin_native.prepare(w_q, problem.a_dtype)
         return PreparedWeight(self.name, LAYOUTS[problem.a_dtype], packed, scale_b, N, K, w_q.dtype, problem)
 
+    def _unpack_here(self, device: torch.device) -> bool:
+        """The unpack path needs the sm_80 family's kernel (not the forced sm_75 family) on sm_80+."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        found = self._unpacks.get(index)
+        if found is None:
+            found = self._unpacks[index] = (self.variant != 75 and marlin_native.has_unpack()
+                                            and torch.cuda.get_device_capability(index) >= (8, 0))
+        return found
+
     def _mm(self, a, packed, scale_b, bias, N, K):
-        if a.shape[0] >= SLOWER_THAN_BF16_FROM_M and not self._large_m_warned:
-            self._warn_large_m(a)
+        if a.shape[0] > UNPACK_ABOVE_M and self._unpack_here(a.device):
+            if not self._large_m_warned:
+                self._warn_large_m(a)
+            w = marlin_native.unpack(packed, scale_b.reshape(-1), N, K)
+            return torch.nn.functional.linear(a, w, bias)
         out = torch.empty((a.shape[0], N), dtype=a.dtype, device=a.device)
         return marlin_native.mm(a, packed, scale_b.reshape(-1).contiguous(), bias, out, N, K,
                                 variant=self.variant)
@@ -94,11 +109,11 @@ class MarlinProvider(Provider):
         self._large_m_warned = True
         sm = probe.device_info(a.device).sm or 0
         if sm >= 89:
-            warnings.warn(f"qbackend: marlin runs W8A16 with M = {a.shape[0]} rows on sm_{sm}: from about "
-                          f"{SLOWER_THAN_BF16_FROM_M} rows it is slower than bf16 torch.mm on GPUs with fp8 "
-                          "tensor cores (x0.5 at M = 128 on an H200). For prefill-heavy work, W8A8 (activations "
-                          "quantized per token) is several times faster there; see docs/selection.md",
-                          stacklevel=5)
+            warnings.warn(f"qbackend: marlin runs W8A16 with M = {a.shape[0]} rows on sm_{sm}: above "
+                          f"{UNPACK_ABOVE_M} rows it unpacks the fp8 weight to {qd.dtype_name(a.dtype)} on every "
+                          "call and runs a dense GEMM, slower than not quantizing until the GEMM dominates. "
+                          "For prefill-heavy work on GPUs with fp8 tensor cores, W8A8 (activations quantized "
+                          "per token) is several times faster; see docs/selection.md", stacklevel=5)
 
     def scaled_mm_prepared(self, a, weight, scale_a, out_dtype, bias, problem):
         if weight.layout == "nk":

@@ -5,6 +5,7 @@ libqbackend_cuda); this module binds the marlin entry points on that handle.
 
     packed = prepare(w_e4m3, torch.bfloat16)        # load time: [N, K] float8_e4m3fn -> packed bytes
     mm(a, packed, w_scale, bias, out, N, K)         # out = w_scale * (a @ w.T) + bias, in a's dtype
+    w = unpack(packed, w_scale, N, K)               # w_scale * w as a dense [N, K] in that dtype
 
 The packing depends on the activation dtype (the kernel decodes fp16 and bf16 weights from different
 bit placements), so a weight is prepared for the dtype it will be multiplied with. The packed
@@ -28,7 +29,7 @@ import torch
 from . import native
 
 __all__ = ["VARIANT_AUTO", "VARIANT_SM80", "VARIANT_SM75", "load", "load_error", "has_variant",
-           "packed_bytes", "workspace_bytes", "prepare", "mm", "new_workspace"]
+           "packed_bytes", "workspace_bytes", "prepare", "mm", "new_workspace", "has_unpack", "unpack"]
 
 VARIANT_AUTO, VARIANT_SM80, VARIANT_SM75 = 0, 80, 75
 _ACT_CODE = {torch.float16: 1, torch.bfloat16: 2}  # QB_F16, QB_BF16 of qbackend_cuda.h
@@ -58,6 +59,9 @@ def _bind(lib):
     lib.qb_marlin_mm.restype = ip
     lib.qb_marlin_mm_tuned.argtypes = mm_args + [ip, ip, ip, vp, c.c_char_p, sz]
     lib.qb_marlin_mm_tuned.restype = ip
+    if hasattr(lib, "qb_marlin_unpack"):  # libraries built before it lack it: unpack is then unavailable
+        lib.qb_marlin_unpack.argtypes = [vp, sz, i64, i64, ip, vp, ip, vp, i64, vp, c.c_char_p, sz]
+        lib.qb_marlin_unpack.restype = ip
 
 
 def load():
@@ -275,4 +279,37 @@ def mm(a: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, bias, out: 
         if switch:
             torch.cuda.set_device(prev)
     _check(rc, "qb_marlin_mm", buf)
+    return out
+
+
+def has_unpack() -> bool:
+    """Whether the loaded library has qb_marlin_unpack (with the SM80 family built)."""
+    lib = load()
+    return lib is not None and hasattr(lib, "qb_marlin_unpack") and has_variant(VARIANT_SM80)
+
+
+def unpack(packed: torch.Tensor, w_scale: torch.Tensor, N: int, K: int) -> torch.Tensor:
+    """w_scale * w as a new contiguous [N, K] tensor in the activation dtype packed was prepared for
+    (each element rounded once): for GEMMs with more rows than mm() is built for. w_scale: float32,
+    1 or N values. Asynchronous, graph-capturable; sm_80 and newer."""
+    lib = _require()
+    dev = _cuda_device_of(packed, "packed")
+    if packed.dtype not in _PACKED_FOR or packed.dim() != 1:
+        raise ValueError("marlin unpack: packed must be the 1-D tensor returned by prepare()")
+    if not hasattr(lib, "qb_marlin_unpack"):
+        raise RuntimeError("marlin unpack: the loaded library has no qb_marlin_unpack (rebuild csrc_cuda)")
+    if _cuda_device_of(w_scale, "w_scale") != dev or w_scale.dtype != torch.float32:
+        raise ValueError(f"marlin unpack: w_scale must be float32 on {dev} (got {w_scale.dtype} on {w_scale.device})")
+    if w_scale.numel() not in (1, N):
+        raise ValueError(f"marlin unpack: w_scale must hold 1 or N={N} values (got shape {tuple(w_scale.shape)})")
+    w_scale = w_scale.reshape(-1).contiguous()
+    act = _PACKED_FOR[packed.dtype]
+    out = torch.empty((N, K), dtype=act, device=dev)
+    buf = native._errbuf()
+    with torch.cuda.device(dev):
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        rc = lib.qb_marlin_unpack(packed.data_ptr(), packed.numel(), N, K, _ACT_CODE[act], w_scale.data_ptr(),
+                                  _SCALE_ROW if w_scale.numel() == N and N > 1 else _SCALE_TENSOR,
+                                  out.data_ptr(), K, stream, buf, native._ERR_LEN)
+    _check(rc, "qb_marlin_unpack", buf)
     return out

@@ -109,6 +109,16 @@ int qb_marlin_mm(const void* a, int64_t lda, const void* packed_w, size_t packed
                  const void* bias, void* workspace, size_t workspace_bytes, int variant, void* stream,
                  char* err, size_t err_len);
 
+/* out[N, K] = w_scale * w in the activation dtype, each element rounded once: packed_w (from
+ * qb_marlin_prepare for act_dtype) back to a dense row-major matrix, element (n, k) at out[n * ldo + k],
+ * for GEMMs with more rows than qb_marlin_mm is built for (the caller then runs a dense GEMM).
+ * w_scale: fp32, scale_kind QB_SCALE_TENSOR ([1]) or QB_SCALE_ROW ([N]). Rules: K a multiple of 16,
+ * ldo even and >= K, out 4-byte aligned. The SM80 family's kernel: QB_ERR_UNSUPPORTED below sm_80,
+ * QB_ERR_NOT_BUILT without that family. Asynchronous on `stream`, graph-capturable. */
+int qb_marlin_unpack(const void* packed_w, size_t packed_bytes, int64_t N, int64_t K, int act_dtype,
+                     const float* w_scale, int scale_kind, void* out, int64_t ldo, void* stream, char* err,
+                     size_t err_len);
+
 /* Same as qb_marlin_mm with tuning knobs for benchmarks and tests (0 = automatic):
  * stages: cp.async pipeline depth of the SM80 variant (2..12, capped by shared memory; ignored by
  * SM75); max_blocks: upper bound on the thread blocks per launch; blocks_per_sm: 1 or 2 resident

@@ -282,6 +282,39 @@ int qb_marlin_prepare(const void* w, int64_t ldw, int64_t N, int64_t K, int act_
 #endif
 }
 
+int qb_marlin_unpack(const void* packed_w, size_t packed_bytes, int64_t N, int64_t K, int act_dtype, const float* w_scale,
+                     int scale_kind, void* out, int64_t ldo, void* stream, char* err, size_t err_len) {
+  if (err && err_len) err[0] = '\0';
+  const int INV = QB_ERR_INVALID_ARGUMENT;
+  if (act_dtype != QB_F16 && act_dtype != QB_BF16)
+    return set_err(err, err_len, INV, "marlin unpack: act_dtype must be QB_F16 or QB_BF16 (got %d)", act_dtype);
+  if (N < 1 || K < 1 || K % 16)
+    return set_err(err, err_len, INV, "marlin unpack: N >= 1 and K a positive multiple of 16 (got N=%lld, K=%lld)",
+                   (long long)N, (long long)K);
+  if (!sizes_ok(N, K)) return set_err(err, err_len, INV, "marlin unpack: N=%lld, K=%lld too large", (long long)N, (long long)K);
+  if (!packed_w || !out || !w_scale) return set_err(err, err_len, INV, "marlin unpack: packed_w, w_scale and out must be non-NULL");
+  if (scale_kind != QB_SCALE_TENSOR && scale_kind != QB_SCALE_ROW)
+    return set_err(err, err_len, INV, "marlin unpack: scale_kind must be QB_SCALE_TENSOR or QB_SCALE_ROW (got %d)", scale_kind);
+  if (ldo < K || ldo % 2) return set_err(err, err_len, INV, "marlin unpack: ldo (%lld) must be even and >= K (%lld)", (long long)ldo, (long long)K);
+  if (!aligned(out, 4) || !aligned(packed_w, 16))
+    return set_err(err, err_len, INV, "marlin unpack: out must be 4-byte and packed_w 16-byte aligned");
+  const size_t need = qb_marlin_packed_bytes(N, K);
+  if (packed_bytes < need)
+    return set_err(err, err_len, INV, "marlin unpack: packed_w holds %zu bytes, (N=%lld, K=%lld) needs %zu", packed_bytes,
+                   (long long)N, (long long)K, need);
+#if defined(QB_HAS_MARLIN_80)
+  DeviceInfo dev;
+  const int rc = device_info(&dev, err, err_len);
+  if (rc != QB_OK) return rc;
+  if (dev.cc < 80) return set_err(err, err_len, QB_ERR_UNSUPPORTED, "marlin unpack: needs sm_80 or newer (device is sm_%d)", dev.cc);
+  return sm80_marlin_unpack(packed_w, static_cast<int>(N), static_cast<int>(K), act_dtype == QB_BF16, w_scale,
+                            scale_kind == QB_SCALE_ROW, out, ldo, static_cast<cudaStream_t>(stream), err, err_len);
+#else
+  (void)stream;
+  return set_err(err, err_len, QB_ERR_NOT_BUILT, "marlin unpack: the sm_80 marlin kernels were not compiled into this library");
+#endif
+}
+
 int qb_marlin_mm(const void* a, int64_t lda, const void* packed_w, size_t packed_bytes, void* out, int64_t ldo, int64_t M,
                  int64_t N, int64_t K, int act_dtype, const float* w_scale, int scale_kind, const void* bias, void* workspace,
                  size_t workspace_bytes, int variant, void* stream, char* err, size_t err_len) {

@@ -251,5 +251,23 @@ inline int run_prepare(const void* w, int64_t ldw, int N, int K, bool bf16, void
   return QB_OK;
 }
 
+template <int ARCH>
+inline int run_unpack(const void* packed, int N, int K, bool bf16, const float* scale, bool scale_per_col, void* out,
+                      int64_t ldo, cudaStream_t stream, char* err, size_t err_len) {
+  const int64_t NT = cdiv(N, kTileN), KT = cdiv(K, kTileK);
+  const int64_t words = NT * KT * (kTileBytes / 4);
+  const int64_t blocks = cdiv(words, 256);
+  if (blocks > 0x7FFFFFFF) return set_err(err, err_len, QB_ERR_INVALID_ARGUMENT, "marlin unpack: weight too large");
+  auto* kernel = bf16 ? kern::marlin_unpack_kernel<ARCH, true> : kern::marlin_unpack_kernel<ARCH, false>;
+  kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(static_cast<const uint32_t*>(packed), N, K,
+                                                             static_cast<int>(KT), words, scale, scale_per_col,
+                                                             static_cast<uint32_t*>(out), ldo / 2);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return set_err(err, err_len, QB_ERR_CUDA, "marlin unpack kernel launch: %s: %s", cudaGetErrorName(e),
+                   cudaGetErrorString(e));
+  return QB_OK;
+}
+
 }  // namespace host
 }  // namespace qbmarlin

@@ -47,6 +47,9 @@ struct MmArgs {
 int sm80_marlin_mm(const MmArgs& args, char* err, size_t err_len);
 int sm80_marlin_prepare(const void* w, int64_t ldw, int N, int K, bool bf16, void* packed, int32_t* nan_count,
                         cudaStream_t stream, char* err, size_t err_len);
+// The packed weight back to [N, K] in the activation dtype, scaled (marlin_unpack.cu, SM80 family).
+int sm80_marlin_unpack(const void* packed, int N, int K, bool bf16, const float* scale, bool scale_per_col, void* out,
+                       int64_t ldo, cudaStream_t stream, char* err, size_t err_len);
 int sm75_marlin_mm(const MmArgs& args, char* err, size_t err_len);
 int sm75_marlin_prepare(const void* w, int64_t ldw, int N, int K, bool bf16, void* packed, int32_t* nan_count,
                         cudaStream_t stream, char* err, size_t err_len);

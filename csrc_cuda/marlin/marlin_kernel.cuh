@@ -901,6 +901,18 @@ __device__ __forceinline__ uint32_t place4(uint32_t a, uint32_t b, uint32_t c, u
   }
 }
 
+// Where packed word `id` of a weight's packing comes from: its column n and the first k0 of the four
+// weights it holds (k0, k0 + 1, k0 + 8, k0 + 9); KT = ceil(K / 128) tiles along k, 4096 words a tile.
+__device__ __forceinline__ void word_origin(int64_t id, int KT, int& n, int& k0) {
+  const int64_t u = id >> 12;
+  const int r = static_cast<int>(id & 4095);
+  const int fb = r >> 8, c = (r >> 7) & 1, lane = (r >> 2) & 31, qd = r & 3;
+  const int h = fb >> 3, ks = fb & 7;
+  const int t = static_cast<int>(u / KT), kt = static_cast<int>(u % KT);
+  n = t * kTileN + h * 64 + (c * 4 + qd) * 8 + (lane >> 2);
+  k0 = (kt * 8 + ks) * 16 + 2 * (lane & 3);
+}
+
 // One thread per packed 32-bit word, in the packing for bf16 or fp16 activations. (ARCH only gives
 // each family TU its own symbol.)
 template <int ARCH, bool BF16>
@@ -909,13 +921,8 @@ __global__ void marlin_prepare_kernel(const uint8_t* __restrict__ w, int64_t ldw
   const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int nans = 0;
   if (id < words) {
-    const int64_t u = id >> 12;  // 4096 words per tile
-    const int r = static_cast<int>(id & 4095);
-    const int fb = r >> 8, c = (r >> 7) & 1, lane = (r >> 2) & 31, qd = r & 3;
-    const int h = fb >> 3, ks = fb & 7;
-    const int t = static_cast<int>(u / KT), kt = static_cast<int>(u % KT);
-    const int n = t * kTileN + h * 64 + (c * 4 + qd) * 8 + (lane >> 2);
-    const int k0 = (kt * 8 + ks) * 16 + 2 * (lane & 3);
+    int n, k0;
+    word_origin(id, KT, n, k0);
     uint32_t v[4] = {0u, 0u, 0u, 0u};
     if (n < N) {
       const uint8_t* row = w + (int64_t)n * ldw;
@@ -940,6 +947,29 @@ __global__ void marlin_prepare_kernel(const uint8_t* __restrict__ w, int64_t ldw
       if ((threadIdx.x & 31) == 0) atomicAdd(nan_count, tot);
     }
   }
+}
+
+// The inverse of marlin_prepare_kernel, for GEMMs too large for the mm kernel's small-M design: one
+// thread per packed 32-bit word decodes its four weights as the mm kernel does, multiplies them by
+// their column's scale (and the decode factor) in fp32, and writes them rounded to the activation
+// dtype into out[n * ldo + k] (k0, k0 + 1 and k0 + 8, k0 + 9 as two 32-bit stores). K is a multiple
+// of 16, so a word whose k0 is inside K has all four of its weights inside it.
+template <int ARCH, bool BF16>
+__global__ void marlin_unpack_kernel(const uint32_t* __restrict__ packed, int N, int K, int KT, int64_t words,
+                                     const float* __restrict__ scale, bool scale_per_col,
+                                     uint32_t* __restrict__ out, int64_t ldo_words) {
+  const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (id >= words) return;
+  int n, k0;
+  word_origin(id, KT, n, k0);
+  if (n >= N || k0 >= K) return;
+  uint32_t ab, cd;
+  decode_word<BF16>(__ldg(packed + id), ab, cd);
+  const float s = __ldg(scale + (scale_per_col ? n : 0)) * decode_scale<BF16>();
+  const float2 x = act2_to_float2<BF16>(ab), y = act2_to_float2<BF16>(cd);
+  uint32_t* row = out + (int64_t)n * ldo_words;
+  row[k0 >> 1] = float2_to_act2<BF16>(x.x * s, x.y * s);
+  row[(k0 + 8) >> 1] = float2_to_act2<BF16>(y.x * s, y.y * s);
 }
 
 }  // namespace kern

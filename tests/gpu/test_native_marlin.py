@@ -347,3 +347,33 @@ def test_bad_inputs_give_clear_errors(variant):
         mn.prepare(torch.zeros(N, K, device=DEV), dt)
     with pytest.raises(ValueError, match="act_dtype must be torch.float16 or torch.bfloat16"):
         mn.prepare(zeros, torch.float32)
+
+
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("N,K", [(4096, 4096), (200, 136), (8, 16), (4160, 3088)])
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_unpack_is_the_dequantized_weight_bit_for_bit(act, N, K, per_channel):
+    """unpack (the large-M path) gives w * scale rounded once to the activation dtype, every element
+    written (the output is poisoned first), for every non-NaN code and both packings."""
+    if not mn.has_unpack():
+        pytest.skip("library built without qb_marlin_unpack")
+    g = torch.Generator(device=DEV).manual_seed(N * 7 + K)
+    w = random_e4m3(N, K, g)
+    scale = (torch.rand(N if per_channel else 1, device=DEV, generator=g) + 0.5) * 10.0 ** -3
+    packed = mn.prepare(w, act)
+    torch.empty(2 * N * K + (1 << 20), dtype=act, device=DEV).fill_(float("nan"))  # poison the pool
+    got = mn.unpack(packed, scale, N, K)
+    want = (w.float() * scale.reshape(-1, 1)).to(act)
+    assert got.shape == (N, K) and got.dtype == act and got.is_contiguous()
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (act, N, K, per_channel)
+
+
+def test_unpack_refuses_what_it_cannot_do():
+    if not mn.has_unpack():
+        pytest.skip("library built without qb_marlin_unpack")
+    w = random_e4m3(64, 64, torch.Generator(device=DEV).manual_seed(1))
+    packed = mn.prepare(w, torch.bfloat16)
+    with pytest.raises(ValueError, match="1 or N=64 values"):
+        mn.unpack(packed, torch.ones(3, device=DEV), 64, 64)
+    with pytest.raises(RuntimeError, match="K a positive multiple of 16"):
+        mn.unpack(packed, torch.ones(1, device=DEV), 64, 40)
