@@ -1,7 +1,7 @@
 """What the default selection runs for each problem kind on this GPU, against bf16 torch.mm.
 
     python bench/bench_selection.py --out DIR [--selections default,torch,reference]
-    python bench/bench_selection.py --plot DIR/selection_h200.json      (the PNG, from the JSON)
+    python bench/bench_selection.py --plot DIR/selection_h200.json      (the PNG and a table, from the JSON)
 
 For each kind (qbackend.problem.PROBLEM_KINDS), (N, K) in {(4096, 4096), (28672, 4096)} and M in
 {1, 16, 256, 4096}, the call a model makes per layer is timed as a model makes it: the weight
@@ -22,6 +22,7 @@ import json
 import math
 import os
 import sys
+import traceback
 from functools import partial
 
 import torch
@@ -126,6 +127,8 @@ def main():
         with open(args.plot) as f:
             res = json.load(f)
         plot(res["rows"], os.path.splitext(args.plot)[0] + ".png", res["device"])
+        print(table(res["rows"]))
+        summarize(res["rows"])
         return
     os.makedirs(args.out, exist_ok=True)
     selections = args.selections.split(",")
@@ -135,7 +138,11 @@ def main():
     for shape in args.shapes.split(","):
         N, K = (int(v) for v in shape.split("x"))
         for kind in args.kinds.split(","):
-            rows += bench_kind(kind, N, K, ms, selections, g)
+            try:
+                rows += bench_kind(kind, N, K, ms, selections, g)
+            except Exception:  # one kind's failure must not cost the others' numbers; the log shows it
+                traceback.print_exc()
+                print(f"{kind} {N}x{K}: FAILED (above)", flush=True)
             torch.cuda.empty_cache()
     select({})
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -164,6 +171,24 @@ def summarize(rows):
             print(f"  fp8_w8a16 geomean over M <= 16: x{math.exp(sum(map(math.log, w8a16)) / len(w8a16)):.3f}")
         if block:
             print(f"  fp8_block at M >= 256: min x{min(block):.3f}")
+
+
+def table(rows) -> str:
+    """A markdown table: per kind and shape, each selection's ratio to bf16 at every M, with the
+    provider that served it."""
+    ms = sorted({r["M"] for r in rows})
+    lines = ["| kind | N x K | selection | " + " | ".join(f"M = {m}" for m in ms) + " |",
+             "|---|---|---|" + "---|" * len(ms)]
+    keys = sorted({(r["kind"], r["N"], r["K"], r["selection"]) for r in rows},
+                  key=lambda k: (PROBLEM_KINDS.index(k[0]), k[1], list(SELECTIONS).index(k[3])))
+    for kind, N, K, sel in keys:
+        cells = []
+        for m in ms:
+            r = next((r for r in rows if (r["kind"], r["N"], r["K"], r["selection"], r["M"]) == (kind, N, K, sel, m)),
+                     None)
+            cells.append(f"x{r['ratio']:.2f} {r['provider']}" if r else "")
+        lines.append(f"| {kind} | {N} x {K} | {sel} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def plot(rows, path, device):

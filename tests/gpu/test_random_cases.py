@@ -425,6 +425,35 @@ def test_random_torch_provider(monkeypatch, i):
     assert rel_err(out, ref) < tol, what
 
 
+@pytest.mark.parametrize("i", CASES, ids=lambda i: f"torchq-{i}")
+def test_random_torch_quantize(monkeypatch, i):
+    """The torch provider's quantize (every granularity, dynamic and static, scale_ub) bit for bit
+    equal to the reference's on the GPU."""
+    r, g = case_random("torchq", i)
+    with_provider(monkeypatch, "torch")
+    granularity = r.choice(["tensor", "token", "channel", "group", "block"])
+    x_dtype = r.choice([torch.bfloat16, torch.float16, torch.float32])
+    dtype = r.choice([F8, torch.float8_e5m2, torch.int8])
+    rows = log_uniform(r, 1, 4096)
+    cols = 128 * log_uniform(r, 1, 64) + (r.randrange(1, 128) if granularity in ("block",) else 0)
+    magnitude = 10.0 ** r.uniform(-3, 3)
+    (R, C), at = window(r, rows, cols, torch.finfo(x_dtype).bits // 8)
+    x = cut((torch.randn(R, C, device=DEV, generator=g) * magnitude).to(x_dtype), at, rows, cols)
+    kw = dict(granularity=granularity)
+    if granularity in ("tensor", "token") and r.random() < 0.3:
+        kw["scale_ub"] = torch.tensor(magnitude, device=DEV)
+    elif granularity == "tensor" and r.random() < 0.3:
+        kw["scale"] = torch.tensor(magnitude / 100, device=DEV)
+    SERVED[("torchq", qbackend.select(validate_quantize(x, dtype, granularity, kw.get("scale"), kw.get("scale_ub"),
+                                                        128, (128, 128)), torch.device(DEV)).name)] += 1
+    poison()
+    q, s = qbackend.quantize(x, dtype, **kw)
+    rq, rs = reference(qbackend.quantize, x, dtype, **kw)
+    what = dict(shape=(rows, cols), stride=tuple(x.stride()), x=x_dtype, q=dtype, **kw)
+    assert torch.equal(s, rs), what
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), what
+
+
 def served_by_path(problem, path: str) -> str:
     """The provider selected for a torch-family case, named with the path it took."""
     name = qbackend.select(problem, torch.device(DEV)).name
