@@ -84,7 +84,7 @@ def dequantize_weight(w: torch.Tensor, scale_b: torch.Tensor, problem, compute: 
         n1 = min(N, n0 + step)
         if scale_b.numel() == 1:
             s = scale_b.float().reshape(())
-        elif scale_b.dim() <= 1 or scale_b.shape[0] == 1:
+        elif scale_b.numel() == N and (scale_b.dim() <= 1 or scale_b.shape[0] == 1):
             s = scale_b.float().reshape(N, 1)[n0:n1]
         else:  # blocks: the scale columns over this slice of rows of w (columns of b)
             per = group_size(N, scale_b.shape[1], g)
@@ -266,9 +266,25 @@ class TorchProvider(Provider):
                               "QuantLinear)", stacklevel=4)
             w_dq = dequantize_weight(b.t(), scale_b, problem, compute)
             return self._dequant_mm(a, scale_a, w_dq, bias, out_dtype, problem, compute)
-        if path == tp.INT_MM:
-            return epilogue(int_mm(a, b), scale_a, scale_b, bias, out_dtype)
-        return self._scaled_mm_fp8(a, b, scale_a, scale_b, out_dtype, bias, problem, path)
+        return self._quantized_mm(a, b, scale_a, scale_b, out_dtype, bias, problem, path)
+
+    def _quantized_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem, path, scale_b_layout=None):
+        """The torch op of the path on the quantized operands. cuBLASLt declines some calls its
+        documented rules allow (CUBLAS_STATUS_NOT_SUPPORTED, seen on the H200 for some row counts
+        and strides): such a call is computed on the dequantized path instead, with a warning."""
+        try:
+            if path == tp.INT_MM:
+                return epilogue(int_mm(a, b), scale_a, scale_b, bias, out_dtype)
+            return self._scaled_mm_fp8(a, b, scale_a, scale_b, out_dtype, bias, problem, path, scale_b_layout)
+        except RuntimeError as exc:
+            if "CUBLAS_STATUS" not in str(exc):
+                raise
+            compute = tp.compute_dtype(probe.device_info(a.device), problem)
+            warnings.warn(f"qbackend: torch's {path} declined a [{a.shape[0]}, {a.shape[1]}] x [{b.shape[0]}, "
+                          f"{b.shape[1]}] call ({str(exc).splitlines()[0][:160]}); it ran on the weight "
+                          f"dequantized to {qd.dtype_name(compute)} instead", stacklevel=5)
+            w_dq = dequantize_weight(b.t(), scale_b, problem, compute)
+            return self._dequant_mm(a, scale_a, w_dq, bias, out_dtype, problem, compute)
 
     def prepare_weight(self, w_q, scale_b, problem):
         path, compute = self.plan(w_q.device, problem)
@@ -285,8 +301,8 @@ class TorchProvider(Provider):
         if weight.layout == "nk":
             path, _ = self.plan(a.device, problem)
             if path == tp.BLOCKWISE and weight.aux is not None:
-                return self._scaled_mm_fp8(a, weight.data.t(), scale_a, weight.scale, out_dtype, bias, problem,
-                                           path, scale_b_layout=weight.aux)
+                return self._quantized_mm(a, weight.data.t(), scale_a, weight.scale, out_dtype, bias, problem,
+                                          path, scale_b_layout=weight.aux)
             return self.scaled_mm(a, weight.data.t(), scale_a, weight.scale, out_dtype, bias, problem)
         path, compute = self.plan(a.device, problem)
         if weight.layout != dequant_layout(compute) or path != tp.DEQUANT:

@@ -227,3 +227,30 @@ def test_which_paths_ran(capsys):
     expected = {tp.DEQUANT} | ({tp.TENSORWISE, tp.UNSCALED} if tp.scaled_mm_pairs(cpu) else set()) \
         | ({tp.ROWWISE} if tp.rowwise_out_dtypes(cpu) else set()) | ({tp.INT_MM} if tp.int_mm_ok(cpu) else set())
     assert expected <= set(PATHS_RUN), dict(PATHS_RUN)
+
+
+def test_a_call_cublaslt_declines_runs_dequantized(forced, monkeypatch):
+    """cuBLASLt declines some calls within torch's documented rules (CUBLAS_STATUS_NOT_SUPPORTED,
+    seen on the H200): the torch provider then computes the call on the dequantized weight, with a
+    warning, instead of failing. Other errors still raise."""
+    if not tp.scaled_mm_pairs(probe.cpu_info()):
+        pytest.skip("this torch has no torch._scaled_mm on the CPU")
+    g = torch.Generator().manual_seed(3)
+    qa, sa = qbackend.quantize(torch.randn(5, 256, generator=g), E4M3, "token")
+    qw, sw = qbackend.quantize(torch.randn(48, 256, generator=g), E4M3, "channel")
+    ref = forced("reference", qbackend.scaled_mm, qa, qw.t(), sa, sw.t(), out_dtype=torch.float32)
+
+    def declines(*args, **kw):
+        raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul")
+
+    monkeypatch.setattr(torch, "_scaled_mm", declines)
+    with pytest.warns(UserWarning, match="declined .* dequantized to float32 instead"):
+        out = forced("torch", qbackend.scaled_mm, qa, qw.t(), sa, sw.t())
+    assert rel_err(out, ref) < 1e-2
+
+    def broken(*args, **kw):
+        raise RuntimeError("some other failure")
+
+    monkeypatch.setattr(torch, "_scaled_mm", broken)
+    with pytest.raises(RuntimeError, match="some other failure"):
+        forced("torch", qbackend.scaled_mm, qa, qw.t(), sa, sw.t())

@@ -392,9 +392,9 @@ def test_random_torch_provider(monkeypatch, i):
     problem = validate_scaled_mm(a, qw.t(), sa, scale_b, out_dtype, bias)
     path = torch_paths.path(qbackend.device_info(torch.device(DEV)), problem)
     SERVED[("torch", served_by_path(problem, path))] += 1
-    what = dict(kind=kind, M=M, N=N, K=K, out=out_dtype, bias=bias is not None, mode=mode, prepared=prepared,
-                path=path, a_stride=tuple(a.stride()), scale_a=None if sa is None else tuple(sa.shape),
-                scale_b=tuple(scale_b.shape))
+    what = dict(kind=kind, path=path, M=M, N=N, K=K, out=out_dtype, bias=bias is not None, mode=mode,
+                prepared=prepared, a_stride=tuple(a.stride()), w_stride=tuple(qw.stride()),
+                scale_a=None if sa is None else tuple(sa.shape), scale_b=tuple(scale_b.shape))
 
     def call():
         if prepared:
@@ -413,16 +413,28 @@ def test_random_torch_provider(monkeypatch, i):
         assert torch.equal(out, call()), what
     else:
         poison()
-        out = call()
+        try:
+            out = call()
+        except RuntimeError as e:
+            raise AssertionError(f"{what}: {e}") from e
     ref = reference(qbackend.scaled_mm, a, qw.t(), sa, scale_b, out_dtype=torch.float32,
                     bias=None if bias is None else bias.float())
     assert out.shape == (M, N) and out.dtype == out_dtype, what
     # bf16 carries 8 significant bits, fp16 11: the dequantized path rounds each scaled operand to
-    # its compute dtype (bf16 for W8A8, the activation dtype for W8A16), the others only the output.
+    # its compute dtype (bf16 for W8A8, the activation dtype for W8A16), int_mm only the output. The
+    # fp8 tensor cores behind torch._scaled_mm accumulate with less than fp32 precision even in
+    # torch's precise mode (1.6e-4 to 2.5e-4 of max|out| at K = 512 with an fp32 output,
+    # bench/results/torch_paths_h200.txt): those paths get the W8A8 tolerance of the cutlass cases.
     compute = torch_paths.compute_dtype(qbackend.device_info(torch.device(DEV)), problem)
     rounding = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-4}
-    tol = max(rounding[out_dtype], rounding[compute] if path == torch_paths.DEQUANT else 0)
-    assert rel_err(out, ref) < tol, what
+    if path == torch_paths.DEQUANT:
+        tol = max(rounding[out_dtype], rounding[compute])
+    elif path == torch_paths.INT_MM:
+        tol = rounding[out_dtype]
+    else:
+        tol = 1e-2 if K <= 8192 else 2e-2
+    err = rel_err(out, ref)
+    assert err < tol, {**what, "err": err, "tol": tol}
 
 
 @pytest.mark.parametrize("i", CASES, ids=lambda i: f"torchq-{i}")
