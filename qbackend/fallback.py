@@ -10,15 +10,16 @@ from __future__ import annotations
 from .problem import Granularity as G
 from .problem import Op
 
-# The reference provider against bf16 torch.mm on the same shapes, H200, CUDA graphs
-# (bench/bench_selection.py --reference): the range over M = 1 ... 4096 on 4096 x 4096 and 28672 x 4096.
+# How much slower the reference provider is than bf16 torch.mm on the same shapes: the range over
+# M = 1 and 4096 on 4096 x 4096 and 28672 x 4096, H200, CUDA graphs (bench/results/selection_h200.json,
+# the "reference" rows).
 SLOWDOWN = {
-    "fp8_w8a8_per_tensor": "~4x to 15x slower than bf16 torch.mm",
-    "fp8_w8a8_per_token_channel": "~4x to 15x slower than bf16 torch.mm",
-    "fp8_w8a16": "~20x to 40x slower than bf16 torch.mm",
-    "int8_w8a8": "~10x to 25x slower than bf16 torch.mm (float64 GEMM)",
-    "fp8_block": "~30x to 90x slower than bf16 torch.mm (one fp32 GEMM per 128-wide K block)",
-    "quantize": "a few times slower than a fused kernel (one torch op per step)",
+    "fp8_w8a8_per_tensor": "6x to 16x slower than bf16 torch.mm",
+    "fp8_w8a8_per_token_channel": "7x to 16x slower than bf16 torch.mm",
+    "fp8_w8a16": "16x to 31x slower than bf16 torch.mm",
+    "int8_w8a8": "8x to 15x slower than bf16 torch.mm (a float64 GEMM)",
+    "fp8_block": "16x to 48x slower than bf16 torch.mm (one fp32 GEMM per 128-wide K block)",
+    "quantize": "several times slower than a fused kernel (one torch op per step; not measured)",
 }
 
 
