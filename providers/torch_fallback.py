@@ -5,9 +5,12 @@ It sits after the native providers and before `reference` (the oracle, kept exac
 that a problem a native kernel does not take lands on cuBLASLt / hipBLASLt through torch rather
 than on an fp32 (or float64) GEMM. The path for each (device, problem) comes from
 `torch_paths.path` and is named by `explain`:
-- W8A8 fp8 through torch._scaled_mm (per-tensor, rowwise, or 128-blockwise scaling where the
-  device and the installed torch take it; else unit scales into fp32 and the scales applied after);
+- W8A8 fp8 through torch._scaled_mm (per-tensor or rowwise scaling where the device and the
+  installed torch take it; else unit scales into fp32 and the scales applied after), and block
+  scales through torch.nn.functional.scaled_mm's 1x128 / 128x128 modes on sm_90;
 - INT8 through torch._int_mm (exact int32 accumulation), the scales and bias applied after;
+- a call cuBLASLt declines although torch's rules allow it is computed on the dequantized weight
+  instead, with a warning;
 - the rest (W8A16, fp8 without fp8 matrix units, unaligned K or N) dequantized to a 16-bit compute
   dtype (the activation dtype for W8A16) and one GEMM in it: fp8 and int8 values are exact there,
   the per-element scaling rounds to 8 (bf16) or 11 (fp16) significant bits, the GEMM accumulates
