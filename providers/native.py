@@ -98,6 +98,8 @@ def load():
             path = library_path()
             try:
                 if not os.path.exists(path):
+                    if os.environ.get("QBACKEND_CUDA_LIB"):
+                        raise OSError(f"QBACKEND_CUDA_LIB={path}: no such file")
                     raise OSError(f"not found: {path} (build csrc_cuda or set QBACKEND_CUDA_LIB)")
                 lib = ctypes.CDLL(path)
                 _bind(lib)

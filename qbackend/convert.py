@@ -90,6 +90,9 @@ def convert_checkpoint(src: str | Path, dst: str | Path, scheme: str | Scheme = 
     if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents:
         raise ValueError(f"{dst}: the destination must not be the source folder or inside it")
     check_destination(dst, force)
+    if not (src / "config.json").is_file():
+        raise FileNotFoundError(f"{src}: no config.json: convert takes a model folder with its config.json "
+                                "(the converted model's quantization_config is written into it)")
     source = SafetensorsFolder(src)
     config = read_config(src)
     if "quantization_config" in config or "compression_config" in config:

@@ -93,14 +93,29 @@ def normalize_arch(text: str) -> str:
     raise ValueError(f"unknown arch {text!r}: expected e.g. sm_80, sm_90, gfx942, gfx950 or cpu")
 
 
+KNOWN_ARCHS = tuple(_SIMULATED) + ("cpu",)
+_NEWEST_NVIDIA = max(int(a[3:]) for a in _SIMULATED if a.startswith("sm_"))
+
+
 def simulated(arch: str) -> DeviceInfo:
+    """A simulated device of an arch qbackend knows (KNOWN_ARCHS), or of an NVIDIA arch newer than
+    all of them (answered by the rules' compute-capability ranges, with a note that says so)."""
     arch = normalize_arch(arch)
     if arch == "cpu":
         return replace(cpu_info(), simulated=True, probe="simulated")
+    notes = ()
+    if arch not in _SIMULATED:
+        sm = int(arch[3:]) if arch.startswith("sm_") else None
+        if sm is None or sm <= _NEWEST_NVIDIA:
+            raise ValueError(f"unknown arch {arch!r}: qbackend knows {', '.join(KNOWN_ARCHS)}, and NVIDIA "
+                             f"archs newer than sm_{_NEWEST_NVIDIA} (answered by the rules' sm ranges)")
+        notes = (f"{arch} is newer than the archs qbackend knows: answered by the rules' compute-capability "
+                 f"ranges, as an sm_{_NEWEST_NVIDIA}+ device",)
     name, sms, gib = _SIMULATED.get(arch, (f"{arch} (simulated)", None, None))
     return DeviceInfo(backend="hip" if arch.startswith("gfx") else "cuda", index=0, name=name,
                       arch=arch, fp8_dtypes=native_fp8(arch), multiprocessors=sms,
-                      memory_bytes=gib * 2**30 if gib else None, probe="simulated", simulated=True)
+                      memory_bytes=gib * 2**30 if gib else None, probe="simulated", simulated=True,
+                      notes=notes)
 
 
 def cpu_info() -> DeviceInfo:

@@ -49,6 +49,10 @@ class Registry:
         self.providers = {lp.provider.name: lp.provider for lp in loaded}
         self.sources = {lp.provider.name: lp.source for lp in loaded}
         self.disabled = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+        unknown = sorted(self.disabled - set(self.providers))
+        if unknown:
+            warnings.warn(f"qbackend: {DISABLE_ENV} names no provider called {', '.join(map(repr, unknown))} "
+                          f"(known: {', '.join(self.providers)}); ignored", stacklevel=3)
         self.forced = os.environ.get(FORCE_ENV, "").strip() or None
         if self.forced and self.forced not in self.providers:
             raise NoProviderError(f"{FORCE_ENV}={self.forced}: no such provider "

@@ -83,6 +83,29 @@ def test_info_human_readable():
     assert "native libraries:" in text and "counts as built for sm_90" in text
 
 
+@pytest.mark.parametrize("arch", ["sm_99", "gfx1100", "sm_87"])
+def test_simulating_an_arch_qbackend_does_not_know_is_an_error(arch):
+    """Only the named archs, and NVIDIA archs newer than all of them, can be simulated: a typo or an
+    arch whose rules nobody wrote is refused with the list."""
+    done = subprocess.run([sys.executable, "-m", "qbackend", "info", "--simulate", arch],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and f"unknown arch '{arch}'" in done.stderr
+    assert "sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, gfx942, gfx950, cpu" in done.stderr
+
+
+def test_simulating_a_newer_nvidia_arch_says_how_it_is_answered():
+    r = json.loads(run_info("--json", "--simulate", "sm_120"))
+    assert r["device"]["arch"] == "sm_120" and r["selection"]["fp8_w8a8_per_tensor"] == "cutlass"
+    assert any("newer than the archs qbackend knows" in n for n in r["device"]["notes"])
+    assert "probe note: sm_120 is newer than the archs qbackend knows" in run_info("--simulate", "sm_120")
+
+
+def test_a_cuda_lib_path_that_does_not_exist_is_named():
+    r = json.loads(run_info("--json", env={"QBACKEND_CUDA_LIB": "/nonexistent/libqbackend_cuda.so"}))
+    lib = next(lib for lib in r["native_libraries"] if lib["name"] == "libqbackend_cuda")
+    assert not lib["loaded"] and "QBACKEND_CUDA_LIB=/nonexistent/libqbackend_cuda.so: no such file" in lib["error"]
+
+
 def test_unknown_simulated_arch_is_a_clear_error():
     done = subprocess.run([sys.executable, "-m", "qbackend", "info", "--simulate", "tpu"],
                           capture_output=True, text=True)

@@ -173,3 +173,15 @@ def test_parse_size():
     for bad in ("", "GB", "-1GB", "2 parsecs", 0):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_convert_refuses_a_folder_without_config_json(tmp_path, gen, capsys):
+    """Its help says a model folder with config.json: one without is an error, not a checkpoint
+    written with a made-up config."""
+    _, src = float_folder(tmp_path / "src", gen)
+    (src / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        convert_checkpoint(src, tmp_path / "dst", "fp8_dynamic")
+    assert main(["convert", str(src), str(tmp_path / "dst2"), "--scheme", "fp8_dynamic"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert not (tmp_path / "dst").exists() and not (tmp_path / "dst2").exists()

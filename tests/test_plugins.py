@@ -213,3 +213,16 @@ def test_reference_fallback_on_a_gpu_warns_once_and_only_for_calls(monkeypatch):
     finally:
         monkeypatch.delenv("QBACKEND_DISABLE")
         registry.reload()
+
+
+def test_a_disabled_name_that_is_no_provider_warns(monkeypatch):
+    """A typo in QBACKEND_DISABLE would leave the provider meant enabled: one warning names it and
+    the known providers."""
+    monkeypatch.setenv("QBACKEND_DISABLE", "referense,cutlass")
+    try:
+        with pytest.warns(UserWarning, match=r"names no provider called 'referense' \(known: .*reference"):
+            reg = registry.reload()
+        assert "cutlass" in reg.disabled
+    finally:
+        monkeypatch.delenv("QBACKEND_DISABLE")
+        registry.reload()
