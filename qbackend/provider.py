@@ -55,7 +55,7 @@ class Rule:
                        "force it with QBACKEND_PROVIDER")
         if (p.a_dtype, p.b_dtype) not in self.dtype_pairs:
             pairs = sorted(f"{qd.dtype_name(a)} x {qd.dtype_name(b)}" for a, b in self.dtype_pairs)
-            return 2, (f"takes {'; '.join(pairs)}, not {qd.dtype_name(p.a_dtype)} x "
+            return 2, (f"takes {', '.join(pairs)}, not {qd.dtype_name(p.a_dtype)} x "
                        f"{qd.dtype_name(p.b_dtype)}"), False
         why = f" ({self.why_arch})" if self.why_arch else ""
         if self.archs is not None and device.arch not in self.archs:
