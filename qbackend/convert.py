@@ -43,6 +43,14 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 CONVERTIBLE_SCHEMES = tuple(n for n, s in SCHEMES.items() if not s.static_activations)
 
 
+def _size(n: int) -> str:
+    """Bytes in the largest decimal unit that keeps the number at 1 or more (12.3 kB, 4.56 GB)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
 @dataclass
 class ConvertReport:
     src: Path
@@ -57,8 +65,8 @@ class ConvertReport:
 
     def summary(self) -> str:
         return (f"converted {self.src} -> {self.dst}: {len(self.quantized)} layers quantized "
-                f"({self.scheme.name}), {len(self.kept)} tensors kept; {self.bytes_in / 1e9:.3f} GB -> "
-                f"{self.bytes_out / 1e9:.3f} GB in {len(self.files)} file(s)")
+                f"({self.scheme.name}), {len(self.kept)} tensors kept; {_size(self.bytes_in)} -> "
+                f"{_size(self.bytes_out)} in {len(self.files)} file(s)")
 
 
 def is_quantizable(name: str, shape: tuple, dtype, scheme: Scheme) -> bool:

@@ -2,6 +2,7 @@
 provider's answer for the same call, and the error measure they are compared with."""
 import os
 
+import pytest
 import torch
 
 from qbackend import registry
@@ -51,3 +52,13 @@ def reference(fn, *args, **kw):
         else:
             os.environ["QBACKEND_PROVIDER"] = saved
         registry.reload()
+
+
+def needs_sm(least: tuple, what: str):
+    """Skip unless a CUDA GPU of compute capability `least` or newer is present; the reason says
+    which of the two is missing."""
+    if not torch.cuda.is_available():
+        return pytest.mark.skipif(True, reason="needs a CUDA GPU")
+    sm = torch.cuda.get_device_capability()
+    reason = f"{what} need sm_{least[0]}{least[1]}+ (this GPU is sm_{sm[0]}{sm[1]})"
+    return pytest.mark.skipif(sm < least, reason=reason)

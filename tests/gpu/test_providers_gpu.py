@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import qbackend
-from gpu_helpers import captured, poison, reference, rel_err, with_provider
+from gpu_helpers import captured, needs_sm, poison, reference, rel_err, with_provider
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -16,7 +16,7 @@ SM = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
 CUTLASS_VARIANTS = [v for v in ("90", "89") if (v == "90" and SM == (9, 0)) or (v == "89" and SM >= (8, 9))]
 
 
-@pytest.mark.skipif(SM < (8, 9), reason="fp8 tensor cores need sm_89+")
+@needs_sm((8, 9), "fp8 tensor cores")
 @pytest.mark.parametrize("variant", CUTLASS_VARIANTS)
 @pytest.mark.parametrize("M", [1, 2, 3, 15, 16, 17, 63, 64, 127, 128, 255, 1000, 4096])
 def test_cutlass_fp8_through_api(monkeypatch, variant, M):
@@ -107,7 +107,7 @@ def test_cuda_quantize_bit_exact(monkeypatch, dtype, x_dtype):
         assert qbackend.select(problem, torch.device(DEV)).name == "cutlass"
 
 
-@pytest.mark.skipif(SM < (8, 9), reason="fp8 tensor cores need sm_89+")
+@needs_sm((8, 9), "fp8 tensor cores")
 def test_cuda_graph_quantize_and_scaled_mm():
     N, K = 2048, 4096
     w = torch.randn(N, K, device=DEV)
@@ -131,7 +131,7 @@ def test_cuda_graph_quantize_and_scaled_mm():
         assert rel_err(out, ref) < 0.1
 
 
-@pytest.mark.skipif(SM < (8, 9), reason="fp8 tensor cores need sm_89+")
+@needs_sm((8, 9), "fp8 tensor cores")
 def test_compile_fullgraph_on_gpu():
     w = torch.randn(1024, 2048, device=DEV)
     qw, sw = qbackend.quantize(w, F8, "channel")

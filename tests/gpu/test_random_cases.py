@@ -36,7 +36,7 @@ import pytest
 import torch
 
 import qbackend
-from gpu_helpers import DEV, captured, poison, reference, rel_err, with_provider
+from gpu_helpers import DEV, captured, needs_sm, poison, reference, rel_err, with_provider
 from qbackend.validate import validate_quantize, validate_scaled_mm
 from qbackend.weights import weight_scale_to_b
 from qbackend_providers import torch_paths
@@ -174,13 +174,13 @@ def check_w8a8(monkeypatch, family: str, i: int, dtype, families):
     assert rel_err(out, ref) < tol, what
 
 
-@pytest.mark.skipif(SM < (8, 9), reason="fp8 tensor cores need sm_89+")
+@needs_sm((8, 9), "fp8 tensor cores")
 @pytest.mark.parametrize("i", CASES, ids=lambda i: f"fp8-{i}")
 def test_random_fp8_scaled_mm(monkeypatch, i):
     check_w8a8(monkeypatch, "fp8", i, F8, FP8_FAMILIES)
 
 
-@pytest.mark.skipif(SM < (7, 5), reason="int8 tensor cores need sm_75+")
+@needs_sm((7, 5), "int8 tensor cores")
 @pytest.mark.parametrize("i", CASES, ids=lambda i: f"int8-{i}")
 def test_random_int8_scaled_mm(monkeypatch, i):
     check_w8a8(monkeypatch, "int8", i, torch.int8, INT8_FAMILIES)
@@ -302,7 +302,7 @@ def test_random_graph_replay(monkeypatch, i):
         assert rel_err(out, ref) < tol, what
 
 
-@pytest.mark.skipif(SM < (8, 9), reason="fp8 tensor cores need sm_89+")
+@needs_sm((8, 9), "fp8 tensor cores")
 @pytest.mark.parametrize("i", CASES[:COMPILED_CASES], ids=lambda i: f"compile-{i}")
 def test_random_compiled(monkeypatch, i):
     """quantize + scaled_mm (or linear) and an elementwise op after them, through
