@@ -3,8 +3,9 @@
 A provider lists Rules. A Rule says: this op, on these backends and archs, with these dtypes,
 scale granularities, output dtypes and alignment. `Provider.supports` checks the rules in order and,
 when none fits, reports the mismatch of the rule that came closest ("needs sm_89+" beats "wrong
-dtype" when the dtype was right). Subclasses add run-time conditions (a native library built for
-the arch) in `runtime_verdict` and implement `scaled_mm` / `quantize`.
+dtype" when the dtype was right; of rules that came as close, the one for the device's arch).
+Subclasses add run-time conditions (a native library built for the arch) in `runtime_verdict` and
+implement `scaled_mm` / `quantize`.
 """
 from __future__ import annotations
 
@@ -75,6 +76,15 @@ class Rule:
             return depth, reason, False
         return (3, outside, True) if outside else (8, None, False)
 
+    def takes_arch(self, device: DeviceInfo) -> bool:
+        """Whether the device's arch is among the rule's (its arch names, its sm range)."""
+        if self.archs is not None and device.arch not in self.archs:
+            return False
+        if self.min_sm is None and self.max_sm is None:
+            return True
+        sm = device.sm
+        return sm is not None and (self.min_sm or 0) <= sm <= (self.max_sm or 10**9)
+
     def _problem_mismatch(self, p: Problem) -> tuple[int, str | None]:
         """(how many checks passed, first failed check's reason or None) for what the rule takes of
         the problem itself: scale granularities, quantization mode, out dtype, bias, alignment."""
@@ -111,20 +121,35 @@ class Provider:
     rules: tuple = field(default_factory=tuple)
 
     def supports(self, device: DeviceInfo, problem: Problem) -> Verdict:
-        best = (-1, "declares no rules", False)
+        misses = []  # (depth, reason, forceable, rule)
         for rule in self.rules:
             depth, reason, forceable = rule.mismatch(device, problem)
             if reason is None:
                 runtime = self.runtime_verdict(device, problem)
                 return runtime if runtime is not None else Verdict(True, "ok")
-            if depth > best[0]:
-                best = (depth, reason, forceable)
-        _, reason, forceable = best
+            misses.append((depth, reason, forceable, rule))
+        if not misses:
+            return Verdict(False, "declares no rules")
+        deepest = max(m[0] for m in misses)
+        closest = [m for m in misses if m[0] == deepest]
+        # Of rules that got as far, the one written for the device's arch explains best.
+        _, reason, forceable, rule = next((m for m in closest if m[3].takes_arch(device)), closest[0])
+        if not forceable and rule.archs is not None and not rule.takes_arch(device):
+            reason = self._arch_reason(device, problem) or reason
         if forceable:
             rt = self.runtime_verdict(device, problem)
             if rt is not None and not rt.ok:
                 return rt
         return Verdict(False, reason, forceable)
+
+    def _arch_reason(self, device: DeviceInfo, problem: Problem) -> str | None:
+        """Where the device's arch is in none of the rules for this op and backend: every arch they
+        name, e.g. "needs gfx942 (fnuz fp8 matrix cores) or gfx950 (OCP fp8 matrix cores)"."""
+        rules = [r for r in self.rules if r.op is problem.op and device.backend in r.backends and r.archs is not None]
+        if not rules or any(r.takes_arch(device) for r in rules):
+            return None
+        named = dict.fromkeys(f"{_names(r.archs)}" + (f" ({r.why_arch})" if r.why_arch else "") for r in rules)
+        return f"needs {' or '.join(named)}; device is {device.arch}"
 
     def runtime_verdict(self, device: DeviceInfo, problem: Problem) -> Verdict | None:
         """Conditions beyond the declared rules (a native library, a driver). None means fine.

@@ -163,3 +163,31 @@ def test_runtime_refusals_are_kept():
     decision = qbackend.select(bf16_on_t4, probe.simulated("sm_75"))
     assert decision.name == "torch"
     assert "float16 activations only" in dict(decision.verdicts)["marlin"].reason
+
+
+def test_reasons_name_the_rules_for_the_device():
+    """A provider with one rule per arch explains a refusal with the rule written for the device's
+    arch (gfx950's OCP pairs, not gfx942's fnuz ones), and a device in none of its archs hears all
+    of them."""
+    import dataclasses
+
+    import qbackend
+    from qbackend import probe, registry
+
+    registry.reload()
+    on_950 = dict(qbackend.select("fp8_w8a16", probe.simulated("gfx950")).verdicts)["hipblaslt"].reason
+    assert on_950.startswith("takes float8_e4m3fn x float8_e4m3fn, ") and "fnuz" not in on_950
+    gfx1100 = dataclasses.replace(probe.simulated("gfx942"), arch="gfx1100", fp8_dtypes=())
+    reason = dict(qbackend.select("fp8_w8a8_per_tensor", gfx1100).verdicts)["hipblaslt"].reason
+    assert reason == ("needs gfx942 (fnuz fp8 matrix cores) or gfx950 (OCP fp8 matrix cores); "
+                      "device is gfx1100")
+    on_942 = dict(qbackend.select(representative_e4m3fn(), probe.simulated("gfx942")).verdicts)["hipblaslt"]
+    assert on_942.reason == "needs gfx950 (OCP fp8 matrix cores); device is gfx942"
+
+
+def representative_e4m3fn():
+    import torch
+
+    from qbackend.problem import representative
+
+    return representative("fp8_w8a8_per_tensor", torch.float8_e4m3fn)
