@@ -2,6 +2,7 @@
 
 The expected choices are written out here by hand (the rules of the design); the full table with
 every rejection reason is also committed in docs/selection.md and must match the code."""
+import re
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,23 @@ def test_docs_embed_the_same_table(table):
     doc = (Path(__file__).resolve().parent.parent / "docs" / "selection.md").read_text()
     start, stop = doc.index(golden.BEGIN), doc.index(golden.END) + len(golden.END)
     assert doc[start:stop] == golden.markdown(table), "docs/selection.md is stale: python tools/update_docs.py"
+
+
+def test_the_info_sample_in_the_docs_is_the_real_output():
+    """docs/getting-started.md shows `qbackend info --simulate sm_89` as tools/update_docs.py makes it
+    from the real command (the torch version in its first line aside: it is the one the docs were
+    made with)."""
+    import importlib.util
+
+    tool = Path(__file__).resolve().parent.parent / "tools" / "update_docs.py"
+    spec = importlib.util.spec_from_file_location("update_docs", tool)
+    update_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(update_docs)
+    doc = update_docs.GETTING_STARTED.read_text()
+    start, stop = update_docs.sample_span(doc)
+    unversioned = lambda text: re.sub(r"\(torch [^)]*\)", "(torch)", text)
+    assert unversioned(doc[start:stop]) == unversioned(update_docs.info_sample()), \
+        "docs/getting-started.md is stale: python tools/update_docs.py"
 
 
 def test_marlin_serves_w8a16_on_every_nvidia_arch(table):
