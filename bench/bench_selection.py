@@ -199,12 +199,12 @@ def plot(rows, path, device):
     fig, axes = plt.subplots(1, len(shapes), figsize=(7 * len(shapes), 5), squeeze=False)
     styles = {"default": "-", "torch": "--", "reference": ":"}
     for ax, (N, K) in zip(axes[0], shapes):
-        for kind in PROBLEM_KINDS:
+        for i, kind in enumerate(PROBLEM_KINDS):  # one colour per kind, one line style per selection
             for sel, style in styles.items():
                 pts = sorted((r["M"], r["ratio"]) for r in rows
                              if r["kind"] == kind and r["selection"] == sel and (r["N"], r["K"]) == (N, K))
                 if pts:
-                    ax.plot(*zip(*pts), style, marker="o", label=f"{kind} ({sel})")
+                    ax.plot(*zip(*pts), style, color=f"C{i}", marker="o", label=f"{kind} ({sel})")
         ax.axhline(0.9, ls="--", c="red", lw=0.8)
         ax.axhline(1.0, c="gray", lw=0.6)
         ax.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="speed-up over bf16 torch.mm",
