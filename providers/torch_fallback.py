@@ -113,6 +113,14 @@ def scaled_mm_call(a, b, scale_a, scale_b, bias, out_dtype) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
+def with_bias(call, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """call(bias) with the bias fused into torch's scaled GEMM, except with an fp32 output, where
+    torch takes none: then call(None) and the bias added after, in fp32."""
+    if bias is not None and out_dtype == torch.float32:
+        return call(None).add_(bias)
+    return call(bias)
+
+
 def padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """t [M, C] as the first M rows of a new [rows, C] tensor; the rows past M are left unwritten:
     each output row of a GEMM depends on its own row of A only, and those rows are cut off."""
@@ -142,12 +150,9 @@ def blockwise_mm(a, b, scale_a, scale_b_layout, bias, out_dtype, per_column: boo
     a_in = padded_rows(a, rows) if rows != M else a
     sa = torch.empty((scale_a.shape[1], rows), dtype=torch.float32, device=a.device).t()
     sa[:M].copy_(scale_a)
-    fused = bias if out_dtype != torch.float32 else None  # no bias with an fp32 output
     recipe_b = F.ScalingType.BlockWise1x128 if per_column else F.ScalingType.BlockWise128x128
-    out = F.scaled_mm(a_in, b, sa, F.ScalingType.BlockWise1x128, scale_b_layout, recipe_b,
-                      bias=fused, output_dtype=out_dtype)
-    out = out[:M] if rows != M else out
-    return out if bias is None or fused is not None else out.add_(bias)
+    return with_bias(lambda fused: F.scaled_mm(a_in, b, sa, F.ScalingType.BlockWise1x128, scale_b_layout,
+                                               recipe_b, bias=fused, output_dtype=out_dtype)[:M], bias, out_dtype)
 
 
 def int_mm(a, b) -> torch.Tensor:
@@ -227,6 +232,11 @@ class TorchProvider(Provider):
         out = torch.mm(a_dq, w_dq.t()).to(out_dtype)
         return out if bias is None else out.add_(bias)
 
+    def _dequantized_now(self, a, b, scale_a, scale_b, out_dtype, bias, problem, compute):
+        """The dequantized path on a weight given quantized: dequantized for this call only."""
+        w_dq = dequantize_weight(b.t(), scale_b, problem, compute)
+        return self._dequant_mm(a, scale_a, w_dq, bias, out_dtype, problem, compute)
+
     def _scaled_mm_fp8(self, a, b, scale_a, scale_b, out_dtype, bias, problem, path, scale_b_layout=None):
         M, N = a.shape[0], b.shape[1]
         if path == tp.BLOCKWISE:
@@ -239,10 +249,7 @@ class TorchProvider(Provider):
         else:  # rowwise: [M, 1] and [1, N], contiguous
             sa = scale_a.float().reshape(-1, 1).expand(M, 1).contiguous()
             sb = scale_b.float().reshape(1, -1).expand(1, N).contiguous()
-        # torch takes no bias with an fp32 output: it is added after, in fp32.
-        fused = bias if out_dtype != torch.float32 else None
-        out = scaled_mm_call(a, b, sa, sb, fused, out_dtype)
-        return out if bias is None or fused is not None else out.add_(bias)
+        return with_bias(lambda fused: scaled_mm_call(a, b, sa, sb, fused, out_dtype), bias, out_dtype)
 
     def _blockwise(self, a, b, scale_a, scale_b, out_dtype, bias, problem, scale_b_layout):
         K, N = a.shape[1], b.shape[1]
@@ -255,9 +262,8 @@ class TorchProvider(Provider):
                                 per_column=True)
         # Group scales of another size (one per element): the dequantized path, whose operands
         # take any scale shape.
-        compute = torch.bfloat16
-        w_dq = dequantize_weight(b.t(), scale_b, problem, compute)
-        return self._dequant_mm(a, scale_a, w_dq, bias, out_dtype, problem, compute)
+        compute = tp.compute_dtype(probe.device_info(a.device), problem)
+        return self._dequantized_now(a, b, scale_a, scale_b, out_dtype, bias, problem, compute)
 
     def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem):
         path, compute = self.plan(a.device, problem)
@@ -267,8 +273,7 @@ class TorchProvider(Provider):
                 warnings.warn("qbackend: the torch provider dequantizes an unprepared weight on every "
                               "scaled_mm call; prepare it once with qbackend.prepare_weight (or use "
                               "QuantLinear)", stacklevel=4)
-            w_dq = dequantize_weight(b.t(), scale_b, problem, compute)
-            return self._dequant_mm(a, scale_a, w_dq, bias, out_dtype, problem, compute)
+            return self._dequantized_now(a, b, scale_a, scale_b, out_dtype, bias, problem, compute)
         return self._quantized_mm(a, b, scale_a, scale_b, out_dtype, bias, problem, path)
 
     def _quantized_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem, path, scale_b_layout=None):
@@ -286,8 +291,7 @@ class TorchProvider(Provider):
             warnings.warn(f"qbackend: torch's {path} declined a [{a.shape[0]}, {a.shape[1]}] x [{b.shape[0]}, "
                           f"{b.shape[1]}] call ({str(exc).splitlines()[0][:160]}); it ran on the weight "
                           f"dequantized to {qd.dtype_name(compute)} instead", stacklevel=5)
-            w_dq = dequantize_weight(b.t(), scale_b, problem, compute)
-            return self._dequant_mm(a, scale_a, w_dq, bias, out_dtype, problem, compute)
+            return self._dequantized_now(a, b, scale_a, scale_b, out_dtype, bias, problem, compute)
 
     def prepare_weight(self, w_q, scale_b, problem):
         path, compute = self.plan(w_q.device, problem)
@@ -301,13 +305,12 @@ class TorchProvider(Provider):
         return PreparedWeight(self.name, dequant_layout(compute), data, scale_b, N, K, w_q.dtype, problem)
 
     def scaled_mm_prepared(self, a, weight, scale_a, out_dtype, bias, problem):
+        path, compute = self.plan(a.device, problem)
         if weight.layout == "nk":
-            path, _ = self.plan(a.device, problem)
             if path == tp.BLOCKWISE and weight.aux is not None:
                 return self._quantized_mm(a, weight.data.t(), scale_a, weight.scale, out_dtype, bias, problem,
                                           path, scale_b_layout=weight.aux)
             return self.scaled_mm(a, weight.data.t(), scale_a, weight.scale, out_dtype, bias, problem)
-        path, compute = self.plan(a.device, problem)
         if weight.layout != dequant_layout(compute) or path != tp.DEQUANT:
             raise ValueError(f"qbackend.linear: weight: prepared in the layout {weight.layout!r}, but "
                              f"this call takes the torch path {path} in {qd.dtype_name(compute)}: "
