@@ -7,6 +7,8 @@ measured on an H200 (bench/results/selection_h200.json, the `reference` rows) an
 """
 from __future__ import annotations
 
+import torch
+
 from .problem import Granularity as G
 from .problem import Op
 
@@ -31,7 +33,7 @@ def kind_of(problem) -> str:
         return "fp8_w8a16"
     if problem.scale_a is G.GROUP or problem.scale_b is G.BLOCK:
         return "fp8_block"
-    if problem.a_dtype.is_floating_point is False:
+    if problem.a_dtype == torch.int8:
         return "int8_w8a8"
     if problem.scale_a is G.TENSOR and problem.scale_b is G.TENSOR:
         return "fp8_w8a8_per_tensor"

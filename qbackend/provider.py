@@ -61,14 +61,12 @@ class Rule:
         why = f" ({self.why_arch})" if self.why_arch else ""
         if self.archs is not None and device.arch not in self.archs:
             return 3, f"needs {_names(self.archs)}{why}; device is {device.arch}", False
-        sm = device.sm
-        if self.min_sm is not None or self.max_sm is not None:
-            lo, hi = self.min_sm or 0, self.max_sm or 10**9
-            if sm is None or not lo <= sm <= hi:
-                span = f"sm_{lo}+" if self.max_sm is None else f"sm_{lo} to sm_{hi}"
-                if not (sm is not None and lo <= sm <= (self.forceable_max_sm or 0)):
-                    return 3, f"serves {span}{why}; device is {device.arch}", False
-                outside = f"serves {span}{why}; device is {device.arch}; force it with QBACKEND_PROVIDER"
+        if not self.takes_arch(device):  # outside the sm range
+            lo, sm = self.min_sm or 0, device.sm
+            span = f"sm_{lo}+" if self.max_sm is None else f"sm_{lo} to sm_{self.max_sm}"
+            if not (sm is not None and lo <= sm <= (self.forceable_max_sm or 0)):
+                return 3, f"serves {span}{why}; device is {device.arch}", False
+            outside = f"serves {span}{why}; device is {device.arch}; force it with QBACKEND_PROVIDER"
         # Forcing lifts the backend and arch range only: every check below still holds for a forced
         # provider.
         depth, reason = self._problem_mismatch(p)
