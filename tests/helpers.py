@@ -1,4 +1,5 @@
-"""Shared test helpers: random quantized operands and a float64 oracle independent of qbackend."""
+"""Shared test helpers: random quantized operands, a float64 oracle independent of qbackend, the
+error measure outputs are compared with, and strided windows to draw operands in."""
 from __future__ import annotations
 
 import torch
@@ -62,3 +63,24 @@ def assert_close(out, ref, rtol, what=""):
     denom = ref.abs().max().clamp_min(1e-30)
     err = ((out - ref).abs().max() / denom).item()
     assert err <= rtol, f"{what}: max error {err:.2e} of max |ref| exceeds {rtol:.1e}"
+
+
+def rel_err(out, ref) -> float:
+    """max |out - ref| / max |ref| in float64, asserting out holds no NaN."""
+    out, ref = out.double(), ref.double()
+    assert not torch.isnan(out).any(), "NaN in output"
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def window(r, rows: int, cols: int, elem_bytes: int):
+    """(shape of a larger tensor, (row, column) offset) of a [rows, cols] window in it whose row
+    stride and column offset are whole 16-byte units: either the whole tensor, where that is a
+    legal layout, or a window with spare rows and columns around it. r: a random.Random."""
+    unit = 16 // elem_bytes
+    if r.random() < 0.4 and (cols % unit == 0 or rows == 1):
+        return (rows, cols), (0, 0)
+    c0 = unit * r.randint(0, 2)
+    spare_rows = r.randint(0, 3)
+    width = -(-(c0 + cols + r.randint(0, unit)) // unit) * unit
+    return (rows + spare_rows, width), (r.randint(0, spare_rows), c0)
+

@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 
+from helpers import rel_err  # noqa: F401  (the GPU tests' error measure, shared with the CPU tests)
 from qbackend import registry
 
 DEV = "cuda"
@@ -20,12 +21,6 @@ def with_provider(monkeypatch, name, **env):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     registry.reload()
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    assert not torch.isnan(out).any(), "NaN in output"
-    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
 def captured(step):

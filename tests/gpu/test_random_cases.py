@@ -37,6 +37,7 @@ import torch
 
 import qbackend
 from gpu_helpers import DEV, captured, needs_sm, poison, reference, rel_err, with_provider
+from helpers import window
 from qbackend.validate import validate_quantize, validate_scaled_mm
 from qbackend.weights import weight_scale_to_b
 from qbackend_providers import torch_paths
@@ -80,19 +81,6 @@ def draw_mnk(r, max_m: int, n_align: int):
     N, K = draw_dim(r, 12288, n_align), draw_dim(r, 16384, 16)
     M = min(log_uniform(r, 1, max_m), max(1, MAX_MACS // (N * K)))
     return M, N, K
-
-
-def window(r, rows: int, cols: int, elem_bytes: int):
-    """(shape of a larger tensor, (row, column) offset) of a [rows, cols] window in it whose row
-    stride and column offset are whole 16-byte units: either the whole tensor, where that is a
-    legal layout, or a window with spare rows and columns around it."""
-    unit = 16 // elem_bytes
-    if r.random() < 0.4 and (cols % unit == 0 or rows == 1):
-        return (rows, cols), (0, 0)
-    c0 = unit * r.randint(0, 2)
-    spare_rows = r.randint(0, 3)
-    width = -(-(c0 + cols + r.randint(0, unit)) // unit) * unit
-    return (rows + spare_rows, width), (r.randint(0, spare_rows), c0)
 
 
 def cut(t: torch.Tensor, offset, rows: int, cols: int) -> torch.Tensor:
