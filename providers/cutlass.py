@@ -1,5 +1,9 @@
 """The cutlass provider: W8A8 FP8 (sm_89+) and INT8 (sm_75+) GEMMs with the scales and bias fused
-into the epilogue, and the CUDA quantize kernels, all from libqbackend_cuda (csrc_cuda/).
+into the epilogue, W8A16 (e4m3 weights, bf16/fp16 activations) on sm_90, and the CUDA quantize
+kernels, all from libqbackend_cuda (csrc_cuda/).
+
+The sm_90 W8A16 kernels read the checkpoint's own [N, K] e4m3 weight (no repacking, prepared or
+not) and convert it exactly to the activation dtype in registers before each WGMMA.
 
 QBACKEND_CUTLASS_VARIANT=90|89|80|75 forces a kernel family (for verifying the PTX-embedded older
 families on a newer chip); unset, the library picks the best family built for the device.
@@ -20,6 +24,7 @@ from . import native
 VARIANT_ENV = "QBACKEND_CUTLASS_VARIANT"
 CUDA = frozenset({"cuda"})
 _HALF_OUT = frozenset({torch.bfloat16, torch.float16})
+_W8A16_PAIRS = frozenset({(torch.bfloat16, qd.E4M3), (torch.float16, qd.E4M3)})
 _QUANT_OUT = (qd.E4M3, qd.E5M2, torch.int8)
 _QUANT_PAIRS = frozenset((x, q) for x in qd.FLOAT_INPUT_DTYPES for q in _QUANT_OUT)
 
@@ -70,6 +75,10 @@ def _int8_variants(sm: int) -> tuple:
     return (80, 75) if sm >= 80 else (75,)
 
 
+def _w8a16_variants(sm: int) -> tuple:
+    return (90,)
+
+
 class CutlassProvider(Provider):
     def __init__(self):
         scales_a, scales_b = granularities("tensor", "token"), granularities("tensor", "channel")
@@ -81,6 +90,8 @@ class CutlassProvider(Provider):
                      _HALF_OUT, min_sm=89, k_align=16, n_align=16, why_arch="fp8 tensor cores"),
                 Rule(Op.SCALED_MM, CUDA, frozenset({(torch.int8, torch.int8)}), scales_a, scales_b,
                      _HALF_OUT, min_sm=75, k_align=16, n_align=16, why_arch="int8 tensor cores"),
+                Rule(Op.SCALED_MM, CUDA, _W8A16_PAIRS, granularities("none"), scales_b, _HALF_OUT,
+                     min_sm=90, max_sm=90, k_align=16, n_align=8, why_arch="sm_90a mixed-input WGMMA kernels"),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("tensor"), min_sm=75, n_align=16),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("token"), min_sm=75, n_align=16,
                      static=frozenset({False})),
@@ -92,11 +103,16 @@ class CutlassProvider(Provider):
         """The library's op name for a problem, and the kernel families that can serve it."""
         if problem.op is Op.QUANTIZE:
             return "quantize", ()
+        if problem.a_dtype in (torch.bfloat16, torch.float16):
+            return "scaled_mm_w8a16", _w8a16_variants
         if problem.a_dtype == torch.int8:
             return "scaled_mm_int8", _int8_variants
         return "scaled_mm_fp8", _fp8_variants
 
     def runtime_verdict(self, device, problem):
+        if problem.a_dtype in (torch.bfloat16, torch.float16) and problem.out_dtype != problem.a_dtype:
+            return Verdict(False, "W8A16 writes its output in the activation dtype "
+                                  f"({qd.dtype_name(problem.a_dtype)}), not {qd.dtype_name(problem.out_dtype)}")
         if device.simulated:
             return None
         if native.load() is None:
@@ -137,6 +153,9 @@ class CutlassProvider(Provider):
 
     def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem):
         M, N = a.shape[0], b.shape[1]
+        if scale_a is None:  # W8A16
+            out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+            return native.scaled_mm(a, b, None, scale_b.contiguous(), bias, out, variant=self.variant)
         # Per-row/column scales may arrive as strided views (w_scale.t()); the kernels read them
         # as contiguous vectors. A no-op for the usual contiguous scales.
         scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()

@@ -206,7 +206,7 @@ def scaled_mm_workspace_size(M: int, N: int, K: int, a_dtype: torch.dtype, out_d
     return int(_need().qb_scaled_mm_workspace_size(M, N, K, _DTYPE[a_dtype], _DTYPE[out_dtype], int(variant)))
 
 
-def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None, scale_b: torch.Tensor,
               bias: torch.Tensor | None, out: torch.Tensor, variant: int = 0,
               workspace: torch.Tensor | None = None) -> torch.Tensor:
     """out[M, N] = (scale_a * scale_b) * (a @ b) + bias, written into the preallocated `out`.
@@ -214,6 +214,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     a: [M, K] e4m3fn/int8 with unit column stride (any row stride); b: [K, N] column-major (w.t() of a
     row-major [N, K] weight); scale_a: fp32 with 1 or M elements; scale_b: fp32 with 1 or N elements;
     bias: None or [N] in out's dtype; out: [M, N] bf16/fp16 with unit column stride.
+    W8A16 (sm_90a): a bf16/fp16, b e4m3fn, scale_a None, out in a's dtype.
     `workspace` (uint8 CUDA tensor) overrides the split-K scratch this function would allocate.
     """
     lib = _need()
@@ -226,9 +227,12 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
                          f"got strides {tuple(b.stride())}")
     if out.stride(1) != 1 and N > 1:
         raise ValueError(f"scaled_mm: out must have unit column stride, got strides {tuple(out.stride())}")
-    if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
+    w8a16 = a.dtype in (torch.bfloat16, torch.float16)
+    if w8a16 != (scale_a is None):
+        raise ValueError("scaled_mm: scale_a must be None exactly when a is bf16/fp16 (W8A16)")
+    if (scale_a is not None and scale_a.dtype != torch.float32) or scale_b.dtype != torch.float32:
         raise TypeError("scaled_mm: scale_a and scale_b must be float32")
-    na, nb = scale_a.numel(), scale_b.numel()
+    na, nb = (1 if scale_a is None else scale_a.numel()), scale_b.numel()
     if na not in (1, M) or nb not in (1, N):
         raise ValueError(f"scaled_mm: scale_a needs 1 or M={M} elements (got {na}), "
                          f"scale_b 1 or N={N} (got {nb})")
@@ -260,7 +264,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
         buf = _errbuf()
         st = lib.qb_scaled_mm_ws(a.data_ptr(), lda, b.data_ptr(), ldb, out.data_ptr(), ldo, M, N, K,
                                  ac, bc, oc,
-                                 scale_a.data_ptr(), kind_a, scale_b.data_ptr(), kind_b,
+                                 None if scale_a is None else scale_a.data_ptr(), kind_a, scale_b.data_ptr(), kind_b,
                                  bias.data_ptr() if bias is not None else None, int(variant), ws_ptr, ws_len,
                                  stream, buf, _ERR_LEN)
     if st:

@@ -63,7 +63,8 @@ class Rule:
             return 3, f"needs {_names(self.archs)}{why}; device is {device.arch}", False
         if not self.takes_arch(device):  # outside the sm range
             lo, sm = self.min_sm or 0, device.sm
-            span = f"sm_{lo}+" if self.max_sm is None else f"sm_{lo} to sm_{self.max_sm}"
+            span = (f"sm_{lo}+" if self.max_sm is None else f"sm_{lo} only" if self.max_sm == lo
+                    else f"sm_{lo} to sm_{self.max_sm}")
             if not (sm is not None and lo <= sm <= (self.forceable_max_sm or 0)):
                 return 3, f"serves {span}{why}; device is {device.arch}", False
             outside = f"serves {span}{why}; device is {device.arch}; force it with QBACKEND_PROVIDER"

@@ -17,7 +17,7 @@ EXPECTED = {
     "sm_80": (T, T, M, C, T),
     "sm_86": (T, T, M, C, T),
     "sm_89": (C, C, M, C, T),
-    "sm_90": (C, C, M, C, T),
+    "sm_90": (C, C, C, C, T),
     "sm_100": (C, C, M, C, T),
     "gfx942": (H, T, T, T, T),
     "gfx950": (H, T, T, T, T),
@@ -94,16 +94,23 @@ def test_the_info_sample_in_the_docs_is_the_real_output():
         "docs/getting-started.md is stale: python tools/update_docs.py"
 
 
-def test_marlin_serves_w8a16_on_every_nvidia_arch(table):
-    """marlin is the only native W8A16 kernel: it serves from sm_75 up, by priority, and forcing
-    it leaves W8A8 problems (which it cannot run) to normal selection."""
+def test_w8a16_on_every_nvidia_arch(table):
+    """W8A16 has a native kernel on every NVIDIA arch from sm_75: marlin's, except on sm_90 where
+    the cutlass provider's mixed-input WGMMA kernels (sm_90a machine code only) rank first. There
+    marlin is the next in line, and forcing it gives marlin."""
     import qbackend
     from qbackend import probe, registry
 
-    for arch in ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100"):
+    for arch in ("sm_75", "sm_80", "sm_86", "sm_89", "sm_100"):
         assert table[arch]["fp8_w8a16"][0] == "marlin", arch
+        assert "sm_90 only" in table[arch]["fp8_w8a16"][1]["cutlass"], arch
+    assert table["sm_90"]["fp8_w8a16"][0] == "cutlass"
     registry.reload()
-    assert qbackend.select("fp8_w8a16", probe.simulated("sm_90")).how == "priority"
+    sm90 = probe.simulated("sm_90")
+    assert qbackend.select("fp8_w8a16", sm90).how == "priority"
+    decision = qbackend.select("fp8_w8a16", sm90)
+    order = [name for name, verdict in decision.verdicts if verdict.ok]
+    assert order[:2] == ["cutlass", "marlin"], order
 
 
 def test_forcing_keeps_the_problem_rules(monkeypatch):

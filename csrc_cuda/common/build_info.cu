@@ -29,6 +29,9 @@ const Variant kVariants[] = {
 #ifdef QB_HAS_SCALED_MM_FP8_89
     {"scaled_mm_fp8", QB_VARIANT_SM89},
 #endif
+#ifdef QB_HAS_SCALED_MM_W8A16_90
+    {"scaled_mm_w8a16", QB_VARIANT_SM90},
+#endif
 #ifdef QB_HAS_SCALED_MM_INT8_90
     {"scaled_mm_int8", QB_VARIANT_SM90},
 #endif
@@ -57,7 +60,7 @@ const Variant kVariants[] = {
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-const char* kOps[] = {"scaled_mm_fp8", "scaled_mm_int8", "quantize", "marlin"};
+const char* kOps[] = {"scaled_mm_fp8", "scaled_mm_int8", "scaled_mm_w8a16", "quantize", "marlin"};
 
 // Appends to buf at *pos, never past buf_len - 1; keeps the string NUL-terminated.
 void put(char* buf, size_t buf_len, size_t* pos, const char* s) {

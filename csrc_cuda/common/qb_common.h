@@ -54,8 +54,9 @@ struct ScaledMmArgs {
   void* out;  // [M, N] row-major, row stride ldo
   int64_t ldo;
   int64_t M, N, K;
+  int a_dtype;             // QB_E4M3, QB_I8, or QB_BF16 / QB_F16 (W8A16)
   int out_dtype;           // QB_BF16 or QB_F16
-  const float* scale_a;    // [1] or [M]
+  const float* scale_a;    // [1] or [M]; NULL for W8A16 (16-bit a)
   bool scale_a_per_row;    // true: [M]
   const float* scale_b;    // [1] or [N]
   bool scale_b_per_col;    // true: [N]
@@ -86,6 +87,12 @@ int sm90_fp8_auto_config(const ScaledMmArgs& args, int* decomposition, int* spli
 // Token rows to run the GEMM on when A and scale_a have storage for `available` rows (args.N == 0:
 // rows to give an activation buffer); see qb_scaled_mm_token_rows. No GPU needed.
 int64_t sm90_fp8_token_rows(const ScaledMmArgs& args, int64_t available);
+
+// W8A16 on sm_90a: a is bf16/fp16, b e4m3, scale_a unused (NULL), out in a's dtype (out_dtype).
+int sm90_w8a16_scaled_mm(const ScaledMmArgs& args, const Err& err);
+size_t sm90_w8a16_workspace(const ScaledMmArgs& args);
+int sm90_w8a16_config_count();
+const char* sm90_w8a16_config_name(int config);
 
 int sm89_fp8_scaled_mm(const ScaledMmArgs& args, const Err& err);
 size_t sm89_fp8_workspace(const ScaledMmArgs& args);

@@ -28,8 +28,15 @@ const char* dtype_name(int d) {
   }
 }
 
+// W8A16: 16-bit activations with an e4m3 weight (the only mixed pair).
+bool is_w8a16(int a_dtype) { return a_dtype == QB_BF16 || a_dtype == QB_F16; }
+
 bool built(int a_dtype, int variant) {
-  if (a_dtype == QB_E4M3) {
+  if (is_w8a16(a_dtype)) {
+#ifdef QB_HAS_SCALED_MM_W8A16_90
+    if (variant == QB_VARIANT_SM90) return true;
+#endif
+  } else if (a_dtype == QB_E4M3) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
     if (variant == QB_VARIANT_SM90) return true;
 #endif
@@ -57,8 +64,10 @@ int resolve_variant(int a_dtype, int variant, int cc, const qb::Err& err, int* o
   if (variant == QB_VARIANT_AUTO) {
     static const int kFp8Order[] = {QB_VARIANT_SM90, QB_VARIANT_SM89};
     static const int kInt8Order[] = {QB_VARIANT_SM80, QB_VARIANT_SM75};
-    const int* order = a_dtype == QB_E4M3 ? kFp8Order : kInt8Order;
-    for (int i = 0; i < 2; ++i) {
+    static const int kW8A16Order[] = {QB_VARIANT_SM90};
+    const int* order = is_w8a16(a_dtype) ? kW8A16Order : a_dtype == QB_E4M3 ? kFp8Order : kInt8Order;
+    const int count = is_w8a16(a_dtype) ? 1 : 2;
+    for (int i = 0; i < count; ++i) {
       if (built(a_dtype, order[i]) && runs_on(order[i], cc)) {
         *out = order[i];
         return QB_OK;
@@ -66,7 +75,8 @@ int resolve_variant(int a_dtype, int variant, int cc, const qb::Err& err, int* o
     }
     return err.set(QB_ERR_UNSUPPORTED,
                    "qb_scaled_mm: no %s kernel in this library runs on compute capability %d.%d "
-                   "(fp8 needs 8.9+ with the sm89/sm90 families built, int8 7.5+ with sm75/sm80)",
+                   "(fp8 needs 8.9+ with the sm89/sm90 families built, int8 7.5+ with sm75/sm80, "
+                   "w8a16 9.0 with sm90)",
                    dtype_name(a_dtype), cc / 10, cc % 10);
   }
   if (variant != QB_VARIANT_SM90 && variant != QB_VARIANT_SM89 && variant != QB_VARIANT_SM80 &&
@@ -85,7 +95,7 @@ int resolve_variant(int a_dtype, int variant, int cc, const qb::Err& err, int* o
 size_t family_workspace(int variant, const qb::ScaledMmArgs& a) {
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
-    case QB_VARIANT_SM90: return qb::sm90_fp8_workspace(a);
+    case QB_VARIANT_SM90: return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_workspace(a) : qb::sm90_fp8_workspace(a);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
     case QB_VARIANT_SM89: return qb::sm89_fp8_workspace(a);
@@ -103,7 +113,8 @@ size_t family_workspace(int variant, const qb::ScaledMmArgs& a) {
 int family_run(int variant, const qb::ScaledMmArgs& a, const qb::Err& err) {
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
-    case QB_VARIANT_SM90: return qb::sm90_fp8_scaled_mm(a, err);
+    case QB_VARIANT_SM90:
+      return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_scaled_mm(a, err) : qb::sm90_fp8_scaled_mm(a, err);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
     case QB_VARIANT_SM89: return qb::sm89_fp8_scaled_mm(a, err);
@@ -120,13 +131,21 @@ int family_run(int variant, const qb::ScaledMmArgs& a, const qb::Err& err) {
 
 // Rules on sizes and codes alone (no pointers): shared by the call and the workspace query.
 int check_shape(int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int out_dtype, const qb::Err& err) {
-  if (a_dtype != QB_E4M3 && a_dtype != QB_I8) {
+  if (is_w8a16(a_dtype)) {
+    if (b_dtype != QB_E4M3)
+      return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: with %s activations (W8A16) b_dtype (%s) must be e4m3",
+                     dtype_name(a_dtype), dtype_name(b_dtype));
+    if (out_dtype != a_dtype)
+      return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: W8A16 writes its output in a's dtype (%s), not %s",
+                     dtype_name(a_dtype), dtype_name(out_dtype));
+  } else if (a_dtype != QB_E4M3 && a_dtype != QB_I8) {
     if (a_dtype == QB_E5M2)
       return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: e5m2 operands are not supported (e4m3 or i8 only)");
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: a_dtype %d (%s) must be e4m3 (%d) or i8 (%d)", a_dtype,
+    return err.set(QB_ERR_INVALID_ARGUMENT,
+                   "qb_scaled_mm: a_dtype %d (%s) must be e4m3 (%d), i8 (%d), or bf16/f16 with an e4m3 b", a_dtype,
                    dtype_name(a_dtype), QB_E4M3, QB_I8);
   }
-  if (b_dtype != a_dtype)
+  if (b_dtype != a_dtype && !is_w8a16(a_dtype))
     return err.set(b_dtype == QB_E5M2 || b_dtype == QB_E4M3 || b_dtype == QB_I8 ? QB_ERR_UNSUPPORTED
                                                                                  : QB_ERR_INVALID_ARGUMENT,
                    "qb_scaled_mm: b_dtype (%s) must equal a_dtype (%s)", dtype_name(b_dtype), dtype_name(a_dtype));
@@ -143,8 +162,11 @@ int check_shape(int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int o
     return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: M, N and K must each be < 2^31");
   if (K % 16 != 0)
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: K (=%lld) must be a multiple of 16", (long long)K);
-  if (N % 16 != 0)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: N (=%lld) must be a multiple of 16", (long long)N);
+  // 16-byte output rows of the transposed W8A16 product need N % 8; the W8A8 kernels' tiles need N % 16.
+  const int n_align = is_w8a16(a_dtype) ? 8 : 16;
+  if (N % n_align != 0)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: N (=%lld) must be a multiple of %d", (long long)N,
+                   n_align);
   return QB_OK;
 }
 
@@ -163,6 +185,7 @@ int plan(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldo,
   args->lda = lda;
   args->ldb = ldb;
   args->ldo = ldo;
+  args->a_dtype = a_dtype;
   args->out_dtype = out_dtype;
   args->sm_count = dev.sm_count;
   args->config = t_config;
@@ -187,21 +210,26 @@ int scaled_mm_impl(const void* a, int64_t lda, const void* b, int64_t ldb, void*
                    scale_b_kind);
   if (M == 0) return QB_OK;  // empty [0, K] tensors may carry NULL data pointers: nothing to read or write
 
-  if (a == nullptr || b == nullptr || out == nullptr || scale_a == nullptr || scale_b == nullptr)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: a, b, out, scale_a and scale_b must be non-NULL");
+  if (a == nullptr || b == nullptr || out == nullptr || scale_b == nullptr)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: a, b, out and scale_b must be non-NULL");
+  if (is_w8a16(a_dtype) ? scale_a != nullptr : scale_a == nullptr)
+    return err.set(QB_ERR_INVALID_ARGUMENT, is_w8a16(a_dtype)
+                                                ? "qb_scaled_mm: W8A16 (16-bit a) takes no scale_a: pass NULL"
+                                                : "qb_scaled_mm: scale_a must be non-NULL");
   if (lda < K || ldb < K || ldo < N)
     return err.set(QB_ERR_INVALID_ARGUMENT,
                    "qb_scaled_mm: leading dimensions too small: need lda (=%lld) >= K, ldb (=%lld) >= K, "
                    "ldo (=%lld) >= N (K=%lld, N=%lld)",
                    (long long)lda, (long long)ldb, (long long)ldo, (long long)K, (long long)N);
   const int64_t out_size = 2;  // bf16 / f16
+  const int64_t a_size = is_w8a16(a_dtype) ? 2 : 1;
   if (!qb::aligned16(a) || !qb::aligned16(b) || !qb::aligned16(out))
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: a, b and out must be 16-byte aligned");
-  if (lda % 16 != 0 || ldb % 16 != 0 || (ldo * out_size) % 16 != 0)
+  if ((lda * a_size) % 16 != 0 || ldb % 16 != 0 || (ldo * out_size) % 16 != 0)
     return err.set(QB_ERR_INVALID_ARGUMENT,
-                   "qb_scaled_mm: row strides must be multiples of 16 bytes (lda=%lld, ldb=%lld elements of 1 byte, "
-                   "ldo=%lld elements of 2 bytes)",
-                   (long long)lda, (long long)ldb, (long long)ldo);
+                   "qb_scaled_mm: row strides must be multiples of 16 bytes (lda=%lld elements of %lld bytes, "
+                   "ldb=%lld elements of 1 byte, ldo=%lld elements of 2 bytes)",
+                   (long long)lda, (long long)a_size, (long long)ldb, (long long)ldo);
   if ((reinterpret_cast<uintptr_t>(scale_a) & 3u) || (reinterpret_cast<uintptr_t>(scale_b) & 3u))
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: scale_a and scale_b must be 4-byte aligned fp32");
   if (bias != nullptr && (reinterpret_cast<uintptr_t>(bias) & 1u))
@@ -257,7 +285,8 @@ extern "C" int qb_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_
 extern "C" size_t qb_scaled_mm_workspace_size(int64_t M, int64_t N, int64_t K, int a_dtype, int out_dtype,
                                               int variant) {
   const qb::Err none{nullptr, 0};
-  if (check_shape(M, N, K, a_dtype, a_dtype, out_dtype, none) != QB_OK || M == 0) return 0;
+  const int b_dtype = is_w8a16(a_dtype) ? QB_E4M3 : a_dtype;
+  if (check_shape(M, N, K, a_dtype, b_dtype, out_dtype, none) != QB_OK || M == 0) return 0;
   qb::ScaledMmArgs args;
   int fam = 0;
   if (plan(M, N, K, K, K, N, a_dtype, out_dtype, variant, none, &args, &fam) != QB_OK) return 0;
@@ -268,7 +297,7 @@ extern "C" int qb_scaled_mm_config_count(int a_dtype, int variant) {
   if (!built(a_dtype, variant)) return 0;
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
-    case QB_VARIANT_SM90: return qb::sm90_fp8_config_count();
+    case QB_VARIANT_SM90: return is_w8a16(a_dtype) ? qb::sm90_w8a16_config_count() : qb::sm90_fp8_config_count();
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
     case QB_VARIANT_SM89: return qb::sm89_fp8_config_count();
@@ -287,7 +316,8 @@ extern "C" const char* qb_scaled_mm_config_name(int a_dtype, int variant, int co
   if (!built(a_dtype, variant) || config < 0) return nullptr;
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
-    case QB_VARIANT_SM90: return qb::sm90_fp8_config_name(config);
+    case QB_VARIANT_SM90:
+      return is_w8a16(a_dtype) ? qb::sm90_w8a16_config_name(config) : qb::sm90_fp8_config_name(config);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
     case QB_VARIANT_SM89: return qb::sm89_fp8_config_name(config);

@@ -56,8 +56,8 @@ typedef enum qb_variant {
  * and the kernel variants present. Written as "key=value" lines into buf. Returns QB_OK. */
 int qb_build_info(char* buf, size_t buf_len);
 
-/* Nonzero when kernels of variant (for the given op: "scaled_mm_fp8", "scaled_mm_int8", "quantize",
- * "marlin") were compiled into this library. */
+/* Nonzero when kernels of variant (for the given op: "scaled_mm_fp8", "scaled_mm_int8",
+ * "scaled_mm_w8a16", "quantize", "marlin") were compiled into this library. */
 int qb_has_variant(const char* op, int variant);
 
 /* out[M, N] = (scale_a * scale_b) * (A @ B) + bias, fp32 (fp8) or int32 (int8) accumulation.
@@ -67,6 +67,9 @@ int qb_has_variant(const char* op, int variant);
  *   a_dtype == b_dtype in {QB_E4M3, QB_I8} (e5m2 mixes: QB_ERR_UNSUPPORTED unless stated by qb_has_variant).
  *   out_dtype in {QB_BF16, QB_F16} (QB_F32 where supported).
  *   scale_a: fp32, [1] or [M] per scale_a_kind; scale_b: fp32, [1] or [N] per scale_b_kind.
+ *   W8A16 (op "scaled_mm_w8a16", the SM90 variant only): a_dtype QB_BF16 or QB_F16, b_dtype QB_E4M3,
+ *   out_dtype == a_dtype, scale_a NULL (scale_a_kind ignored): out = scale_b * (A @ B) + bias, the
+ *   e4m3 weights converted exactly to a's dtype, fp32 accumulation; K % 16 == 0, N % 8 == 0, lda % 8.
  *   bias: NULL or [N] contiguous in out_dtype.
  *   Rules checked (QB_ERR_INVALID_ARGUMENT): non-NULL a/b/out/scales, M >= 0, N, K > 0,
  *   K % 16 == 0, N % 16 == 0 (fp8/int8), 16-byte aligned a, b, out, lda, ldb and ldo.

@@ -1,0 +1,7 @@
+// One SM90 W8A16 config for bf16 activations per translation unit, so a parallel build spreads the
+// CUTLASS instantiations over cores.
+#include "w8a16_sm90_kernel.cuh"
+
+namespace qb::sm90 {
+QB_SM90_W8A16_INSTANTIATE(kMix64x64Ping, 0)
+}  // namespace qb::sm90
