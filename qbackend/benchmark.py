@@ -1,5 +1,11 @@
-"""The one GPU timing method of every benchmark here: CUDA-graph replay, and interleaved rounds in a
-balanced order.
+"""The one GPU timing method of every qbackend benchmark (`qbackend bench` and the scripts in bench/):
+CUDA-graph replay, interleaved rounds in a balanced order, and weights and activations made as a
+model has them.
+
+Why CUDA graphs: at small M one call is a few microseconds of GPU work behind more host time
+(argument checks, the launch), so eager timing measures the host. A graph of R calls over R
+different weight copies, replayed, measures the GPU, and copies totalling well over the L2 make
+every call read its weight from HBM as a model's layers do.
 
 Why rounds in a balanced order: under sustained GEMM load the H200 sits at its 700 W power limit and
 its SM clock wanders (1.2 to 1.75 GHz seen within one minute), so a timing can depend on when it
@@ -10,11 +16,16 @@ other candidate equally often. Each candidate's median over the rounds is report
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 import torch
 
+from .api import quantize
+from .problem import PROBLEM_KINDS
+
 TARGET_MS = 20.0
+ROTATE_BYTES = 512 * 2**20   # weight copies rotated per timing: several times a GPU's L2
 
 
 def captured(fns: list) -> tuple:
@@ -40,13 +51,14 @@ def captured(fns: list) -> tuple:
     return g, max(st.elapsed_time(en), 1e-3)
 
 
-def graph_time(fns: list, target_ms: float = TARGET_MS) -> float:
-    """Median microseconds per call of fns[i]() (each one call), replayed from one CUDA graph."""
+def graph_time(fns: list, target_ms: float = TARGET_MS, trials: int = 5) -> float:
+    """Median microseconds per call of fns[i]() (each one call), replayed from one CUDA graph:
+    `trials` trials of about target_ms each."""
     g, one = captured(fns)
     st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     reps = max(1, min(200, int(target_ms / one)))
     ts = []
-    for _ in range(5):
+    for _ in range(trials):
         st.record()
         for _ in range(reps):
             g.replay()
@@ -82,3 +94,41 @@ def interleaved(timers: dict, rounds: int = 0) -> dict:
         for i in orders[r % len(orders)]:
             times[labels[i]].append(timers[labels[i]]())
     return {label: statistics.median(ts) for label, ts in times.items()}
+
+
+def weight_copies(copy_bytes: int, total_bytes: int = ROTATE_BYTES, most: int = 16) -> int:
+    """How many copies of a weight of copy_bytes to rotate through so that together they make
+    total_bytes: at least 2, at most `most` (a tiny weight stays in L2 whatever the count)."""
+    return max(2, min(most, total_bytes // copy_bytes))
+
+
+def checkpoint_weight(kind: str, N: int, K: int, g: torch.Generator, fp8: torch.dtype = torch.float8_e4m3fn):
+    """(quantized [N, K] weight, its scale as a checkpoint stores it, activation dtype, activation
+    granularity) for a problem kind (qbackend.PROBLEM_KINDS), on the generator's device. fp8: the
+    device's fp8 dtype (qbackend.native_fp8_dtype)."""
+    w = torch.randn(N, K, device=g.device, generator=g) / math.sqrt(K)
+    if kind == "fp8_w8a8_per_tensor":
+        q, s = quantize(w, fp8, "tensor")
+        return q, s, fp8, "tensor"
+    if kind == "fp8_w8a8_per_token_channel":
+        q, s = quantize(w, fp8, "channel")
+        return q, s, fp8, "token"
+    if kind == "fp8_w8a16":
+        q, s = quantize(w, fp8, "channel")
+        return q, s, torch.bfloat16, "tensor"
+    if kind == "int8_w8a8":
+        q, s = quantize(w, torch.int8, "channel")
+        return q, s, torch.int8, "token"
+    if kind == "fp8_block":
+        q, s = quantize(w, fp8, "block")   # 128 x 128 weight blocks
+        return q, s, fp8, "group"
+    raise ValueError(f"kind: unknown problem kind {kind!r}; known: {', '.join(PROBLEM_KINDS)}")
+
+
+def activation(M: int, K: int, act_dtype: torch.dtype, granularity: str, g: torch.Generator):
+    """(a, scale_a) as a layer receives them: bf16/fp16 as is for W8A16 (scale None), else
+    quantized to act_dtype with `granularity` scales."""
+    if act_dtype in (torch.bfloat16, torch.float16):
+        return torch.randn(M, K, device=g.device, generator=g, dtype=act_dtype), None
+    x = torch.randn(M, K, device=g.device, generator=g, dtype=torch.bfloat16)
+    return quantize(x, act_dtype, granularity)
