@@ -23,6 +23,7 @@ import torch
 
 from .api import quantize
 from .problem import PROBLEM_KINDS
+from .weights import _aligned_rows
 
 TARGET_MS = 20.0
 ROTATE_BYTES = 512 * 2**20   # weight copies rotated per timing: several times a GPU's L2
@@ -127,8 +128,10 @@ def checkpoint_weight(kind: str, N: int, K: int, g: torch.Generator, fp8: torch.
 
 def activation(M: int, K: int, act_dtype: torch.dtype, granularity: str, g: torch.Generator):
     """(a, scale_a) as a layer receives them: bf16/fp16 as is for W8A16 (scale None), else
-    quantized to act_dtype with `granularity` scales."""
+    quantized to act_dtype with `granularity` scales; rows 16-byte aligned, as an engine pads them
+    where K is not a multiple of 16 bytes."""
     if act_dtype in (torch.bfloat16, torch.float16):
-        return torch.randn(M, K, device=g.device, generator=g, dtype=act_dtype), None
+        return _aligned_rows(torch.randn(M, K, device=g.device, generator=g, dtype=act_dtype)), None
     x = torch.randn(M, K, device=g.device, generator=g, dtype=torch.bfloat16)
-    return quantize(x, act_dtype, granularity)
+    a, scale = quantize(x, act_dtype, granularity)
+    return _aligned_rows(a), scale
