@@ -199,7 +199,7 @@ def run(shapes, ms, kinds, out_dtype, timer, device, on_row=None, on_skip=None) 
 
     from .benchmark import ROTATE_BYTES
 
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) if device.type == "cuda" else 0
     rotate = max(ROTATE_BYTES, 4 * l2)
     rows, skipped = [], []
     for N, K in shapes:
@@ -239,6 +239,13 @@ def _check_outputs(args) -> str | None:
     return None
 
 
+def _device():
+    """The GPU to time on: the current CUDA (or ROCm) device."""
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def _cmd_bench(args) -> int:
     problem = no_gpu_reason() or _check_outputs(args)
     if problem:
@@ -250,15 +257,16 @@ def _cmd_bench(args) -> int:
 
     from . import bench_report as report
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = _device()
     kinds = args.kind or default_kinds(device)
     if not kinds:
         print("qbackend bench: error: no kind has a provider other than the reference on this device "
               "(qbackend info says why); name kinds with --kind to time them anyway", file=sys.stderr)
         return 2
     out_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.out_dtype]
-    meta = report.metadata(qbackend.device_info(device).arch, torch.cuda.get_device_name(device),
-                           torch.__version__, qbackend.__version__, args.trials, args.trial_ms, args.out_dtype)
+    info = qbackend.device_info(device)
+    meta = report.metadata(info.arch, info.name, torch.__version__, qbackend.__version__, args.trials,
+                           args.trial_ms, args.out_dtype)
     print(report.title(meta))
     print(report.header(), flush=True)
     rows, skipped = run(args.shapes, args.m, kinds, out_dtype, gpu_timer(args.trials, args.trial_ms), device,

@@ -136,6 +136,26 @@ def test_every_kind_is_timed_against_its_baselines_and_named_by_the_selection(mo
         assert has_smm or r["kind"] not in bench_cli.SCALED_MM_MODES or r["note"].startswith("torch._scaled_mm")
 
 
+def test_the_command_prints_its_table_as_it_goes_and_writes_json(monkeypatch, capsys, tmp_path):
+    """The command end to end on the CPU, the GPU check, the device and the timer stood in for;
+    the torch provider forced, so that every kind is served by something other than the reference."""
+    monkeypatch.setenv("QBACKEND_PROVIDER", "torch")
+    qbackend.registry.reload()
+    monkeypatch.setattr(bench_cli, "no_gpu_reason", lambda: None)
+    monkeypatch.setattr(bench_cli, "_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(bench_cli, "gpu_timer", lambda trials, trial_ms: CountingTimer())
+    path = tmp_path / "r.json"
+    assert main(["bench", "--shapes", "256x384,128x256", "--m", "1,8", "--json", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    res = json.loads(path.read_text())
+    assert [(r["N"], r["kind"], r["M"]) for r in res["rows"]] == \
+        [(n, k, m) for n in (256, 128) for k in qbackend.PROBLEM_KINDS for m in (1, 8)]
+    assert res["skipped"] == [] and res["out_dtype"] == "bf16" and res["arch"] == "cpu"
+    assert out[0] == bench_report.title(res) and out[1] == bench_report.header()
+    assert out[2:22] == [bench_report.line(r) for r in res["rows"]]
+    assert out[22:] == bench_report.notes(res["rows"]) + [f"wrote {path}"]
+
+
 def test_a_kind_that_cannot_take_a_shape_is_skipped_with_its_reason(monkeypatch):
     monkeypatch.setenv("QBACKEND_PROVIDER", "reference")
     qbackend.registry.reload()
