@@ -28,6 +28,7 @@ import torch
 
 import qbackend
 from qbackend import registry
+from qbackend.bench_report import pyplot, speedup_axes
 from qbackend.benchmark import activation, checkpoint_weight, graph_time, interleaved, weight_copies
 from qbackend.problem import PROBLEM_KINDS
 
@@ -157,9 +158,7 @@ def table(rows) -> str:
 
 
 def plot(rows, path, device):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     shapes = sorted({(r["N"], r["K"]) for r in rows})
     fig, axes = plt.subplots(1, len(shapes), figsize=(7 * len(shapes), 5), squeeze=False)
     styles = {"default": "-", "torch": "--", "reference": ":"}
@@ -171,11 +170,7 @@ def plot(rows, path, device):
                 if pts:
                     ax.plot(*zip(*pts), style, color=f"C{i}", marker="o", label=f"{kind} ({sel})")
         ax.axhline(0.9, ls="--", c="red", lw=0.8)
-        ax.axhline(1.0, c="gray", lw=0.6)
-        ax.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="speed-up over bf16 torch.mm",
-               title=f"N={N} K={K}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        speedup_axes(ax, N, K, legend_size=6)
     fig.suptitle(f"{device}: the selected provider per kind vs bf16 torch.mm, CUDA graphs, weights from HBM")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
