@@ -5,10 +5,10 @@
 Why not --tune: under sustained FP8 GEMM load the H200 sits at its 700 W power limit and its SM
 clock wanders (1.2 to 1.75 GHz seen within one minute), so timings taken one after the other drift by
 +-10 %. Here every candidate of a point is timed once per round, the rounds' orders taken from a
-balanced design (timing.interleaved), and each candidate's median over the rounds is reported. With
+balanced design (benchmark.interleaved), and each candidate's median over the rounds is reported. With
 more candidates than rounds the design is incomplete, so what is left of the drift is still several
 per cent: "auto" and the same config forced are timed as two candidates, and their difference shows
-how much. Timing as timing.graph_time (CUDA-graph replay, weights rotated past L2), ~8 ms per trial.
+how much. Timing as benchmark.graph_time (CUDA-graph replay, weights rotated past L2), ~8 ms per trial.
 Prints one line per point; the decisions in fp8_sm90_dispatch.cu cite these lines.
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ from functools import partial
 
 import torch
 
+from qbackend.benchmark import graph_time, interleaved
 from qbackend_providers import native
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scaled_mm import F8, Problem, shapes_arg  # noqa: E402
-from timing import graph_time, interleaved  # noqa: E402  (one timing method for every benchmark)
 
 # label -> (config name, decomposition: 0 data-parallel, 2 stream-K, 3 CUTLASS heuristic[, splits
 # [, swizzle]]); "auto" is the dispatcher's own choice. For the small-M kernel ("stream_*") `splits`

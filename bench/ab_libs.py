@@ -5,7 +5,7 @@
 
 A process loads one library, so each build runs in a worker process of its own; the workers take
 turns on the GPU, one timing at a time, each candidate once per round in the orders of
-timing.interleaved (a balanced design), every timing as timing.graph_time (CUDA-graph replay, weights
+benchmark.interleaved (a balanced design), every timing as benchmark.graph_time (CUDA-graph replay, weights
 rotated past L2). cuBLASLt tensorwise is timed too (in the first worker), as the reference the
 issue-3 targets use. Both workers make the same weights and activations (the same seeds). --force
 times a config by name in both builds instead of the dispatcher's choice (SPLITS: the split-K
@@ -27,8 +27,8 @@ def worker(lib: str, force: str, conn) -> None:
     os.environ["QBACKEND_CUDA_LIB"] = lib
     import torch
     from bench_scaled_mm import F8, Problem
-    from timing import graph_time
 
+    from qbackend.benchmark import graph_time
     from qbackend_providers import native
 
     if native.load() is None:
@@ -66,7 +66,8 @@ def main() -> None:
     ap.add_argument("--force", default="", help="CONFIG[:SPLITS] timed in both builds instead of the automatic choice")
     args = ap.parse_args()
     from bench_scaled_mm import shapes_arg
-    from timing import interleaved
+
+    from qbackend.benchmark import interleaved
 
     shapes = shapes_arg(args.shapes)
     ctx = mp.get_context("spawn")

@@ -8,9 +8,9 @@ and DIR/marlin_h200.png (speed-up over bf16 torch.mm and marlin's weight-streami
 
 Method (as shared/anchors/anchor_graphs.py): for each (N, K), several weight copies totalling well
 over the 60 MB L2 (>= 512 MB of fp8, >= 1 GB of bf16, at least 2 copies) so every call streams its
-weights from HBM; one CUDA graph holds one call per copy; timing.graph_time replays it for about
+weights from HBM; one CUDA graph holds one call per copy; benchmark.graph_time replays it for about
 5 ms per trial, 5 trials, and the median trial gives microseconds per call in one round. The
-implementations are timed in interleaved rounds in a balanced order (timing.interleaved: 6 rounds
+implementations are timed in interleaved rounds in a balanced order (benchmark.interleaved: 6 rounds
 for 3 implementations) and each one's median round is reported. marlin runs with
 per-channel scales and no bias (what an FP8 checkpoint has), with a workspace allocated up front as an engine would.
 --tune also times the sm80 kernel's pipeline depth (stages) and resident blocks per multiprocessor at
@@ -25,11 +25,9 @@ from functools import partial
 
 import torch
 
+from qbackend.benchmark import graph_time, interleaved
 from qbackend_providers import marlin_native as mn
 from qbackend_providers import native as nat
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import graph_time, interleaved  # noqa: E402  (one timing method for every benchmark)
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192),
           (57344, 8192), (8192, 28672)]

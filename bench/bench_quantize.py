@@ -8,7 +8,7 @@ Implementations (same semantics: scale = max(amax_row / 448, 1 / (448 * 512)), q
   torch.eager    the same formula in plain torch ops
   torch.compile  that function through torch.compile (Inductor/Triton), fullgraph
 Inputs are bf16 [M, K], rotated over copies totalling >= 256 MB so they come from HBM; timing as in
-timing.py (graph of R calls, median of 5). bytes = read x + write q + write the scales:
+qbackend/benchmark.py (graph of R calls, median of 5). bytes = read x + write q + write the scales:
 the least traffic any implementation needs, so bytes / us is the effective bandwidth.
 
 JSON: {"device", "torch", "rows": [{"M", "K", "impl", "us", "bytes"}]} plus a PNG bar chart of
@@ -23,11 +23,10 @@ import sys
 
 import torch
 
+from qbackend.benchmark import graph_time, interleaved
 from qbackend_providers import native
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, _HERE)
-from timing import graph_time, interleaved  # noqa: E402  (one timing method for every benchmark)
 
 F8 = torch.float8_e4m3fn
 SHAPES = [(16, 4096), (1024, 4096), (8192, 4096), (8192, 14336)]

@@ -13,7 +13,7 @@ different weight copies (R copies total >= 512 MB when memory allows, so weights
 rather than the 60 MB L2), replayed enough times for ~8 ms of GPU time; the median of 5 such
 measurements, divided by R, is the time of one call in one round. Under this load the H200 runs at
 its 700 W power limit and its SM clock drifts (1.2 to 1.75 GHz within a minute), so a point is
-timed in 4 rounds, every implementation once per round, in a balanced order (timing.interleaved:
+timed in 4 rounds, every implementation once per round, in a balanced order (benchmark.interleaved:
 each implementation first once, and right after each other one once), and each implementation's
 median round is reported: drift then hits all of them alike.
 
@@ -31,10 +31,8 @@ from functools import partial
 
 import torch
 
+from qbackend.benchmark import graph_time, interleaved
 from qbackend_providers import native
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import graph_time, interleaved  # noqa: E402  (one timing method for every benchmark)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

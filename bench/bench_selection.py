@@ -12,7 +12,7 @@ scales, for W8A8; the activation quantization is its own op, not in these times)
   torch       QBACKEND_DISABLE=cutlass,marlin: the torch provider where it is chosen
   reference   QBACKEND_PROVIDER=reference, at M = 1 and 4096 only: the cost of the oracle, which
               the fallback warning quotes
-Method (bench/timing.py): CUDA-graph replay, weight copies rotated past the L2 (>= 512 MB of fp8),
+Method (qbackend/benchmark.py): CUDA-graph replay, weight copies rotated past the L2 (>= 512 MB of fp8),
 each selection timed in interleaved rounds with bf16 torch.mm on the same shapes, medians.
 Writes DIR/selection_h200.json {"device", "torch", "rows": [{"kind", "M", "N", "K", "selection",
 "provider", "us", "bf16_us", "ratio"}]} (ratio = bf16_us / us: above 1 is faster than bf16).
@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import traceback
 from functools import partial
 
@@ -29,10 +28,9 @@ import torch
 
 import qbackend
 from qbackend import registry
+from qbackend.bench_report import pyplot, speedup_axes
+from qbackend.benchmark import activation, checkpoint_weight, graph_time, interleaved, weight_copies
 from qbackend.problem import PROBLEM_KINDS
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import graph_time, interleaved  # noqa: E402  (one timing method for every benchmark)
 
 SHAPES = [(4096, 4096), (28672, 4096)]
 MS = [1, 16, 256, 4096]
@@ -40,7 +38,6 @@ REFERENCE_MS = (1, 4096)
 SELECTIONS = {"default": {}, "torch": {"QBACKEND_DISABLE": "cutlass,marlin"},
               "reference": {"QBACKEND_PROVIDER": "reference"}}
 TRIAL_MS = 5.0
-F8 = torch.float8_e4m3fn
 dev = "cuda"
 
 
@@ -51,40 +48,9 @@ def select(env: dict) -> None:
     registry.reload()
 
 
-def weight_copies(N, K):
-    return max(2, min(16, (512 * 2**20) // (N * K)))
-
-
-def checkpoint_weight(kind, N, K, g):
-    """(quantized [N, K] weight, its scale as a checkpoint stores it, activation dtype, granularity)."""
-    w = torch.randn(N, K, device=dev, generator=g) / math.sqrt(K)
-    if kind == "fp8_w8a8_per_tensor":
-        q, s = qbackend.quantize(w, F8, "tensor")
-        return q, s, F8, "tensor"
-    if kind == "fp8_w8a8_per_token_channel":
-        q, s = qbackend.quantize(w, F8, "channel")
-        return q, s, F8, "token"
-    if kind == "fp8_w8a16":
-        q, s = qbackend.quantize(w, F8, "channel")
-        return q, s, torch.bfloat16, "tensor"
-    if kind == "int8_w8a8":
-        q, s = qbackend.quantize(w, torch.int8, "channel")
-        return q, s, torch.int8, "token"
-    q, s = qbackend.quantize(w, F8, "block")   # fp8_block: 128 x 128 weight blocks
-    return q, s, F8, "group"
-
-
-def activation(kind, M, K, act_dtype, granularity, g):
-    """(a, scale_a) as the layer receives them."""
-    x = torch.randn(M, K, device=dev, generator=g, dtype=torch.bfloat16)
-    if act_dtype == torch.bfloat16:
-        return x, None
-    return qbackend.quantize(x, act_dtype, granularity)
-
-
 def bench_kind(kind, N, K, ms, selections, g):
     rows = []
-    n = weight_copies(N, K)
+    n = weight_copies(N * K)   # fp8 copies of about 512 MB together
     weights = [checkpoint_weight(kind, N, K, g) for _ in range(n)]
     act_dtype, granularity = weights[0][2], weights[0][3]
     wb = [torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(n)]
@@ -93,7 +59,7 @@ def bench_kind(kind, N, K, ms, selections, g):
         select(SELECTIONS[sel])
         prepared[sel] = [qbackend.prepare_weight(q, s, act_dtype, granularity) for q, s, _, _ in weights]
     for M in ms:
-        a, sa = activation(kind, M, K, act_dtype, granularity, g)
+        a, sa = activation(M, K, act_dtype, granularity, g)
         ab = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
         here = [s for s in selections if s != "reference" or M in REFERENCE_MS]
 
@@ -192,9 +158,7 @@ def table(rows) -> str:
 
 
 def plot(rows, path, device):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     shapes = sorted({(r["N"], r["K"]) for r in rows})
     fig, axes = plt.subplots(1, len(shapes), figsize=(7 * len(shapes), 5), squeeze=False)
     styles = {"default": "-", "torch": "--", "reference": ":"}
@@ -206,11 +170,7 @@ def plot(rows, path, device):
                 if pts:
                     ax.plot(*zip(*pts), style, color=f"C{i}", marker="o", label=f"{kind} ({sel})")
         ax.axhline(0.9, ls="--", c="red", lw=0.8)
-        ax.axhline(1.0, c="gray", lw=0.6)
-        ax.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="speed-up over bf16 torch.mm",
-               title=f"N={N} K={K}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        speedup_axes(ax, N, K, legend_size=6)
     fig.suptitle(f"{device}: the selected provider per kind vs bf16 torch.mm, CUDA graphs, weights from HBM")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

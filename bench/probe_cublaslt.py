@@ -25,11 +25,11 @@ import time
 
 import torch
 
+from qbackend.benchmark import captured
 from qbackend_providers import native
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scaled_mm import SHAPES, Problem  # noqa: E402
-from timing import captured  # noqa: E402
 
 IMPLS = ("qbackend.cutlass", "torch._scaled_mm.rowwise", "torch._scaled_mm.tensorwise")
 DEFAULT_POINTS = [(m, n, k) for m in (128, 512, 4096, 8192) for n, k in SHAPES]

@@ -26,11 +26,11 @@ import sys
 
 import torch
 
+from qbackend.benchmark import graph_time
 from qbackend_providers import marlin_native as mn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_marlin import random_e4m3, weight_copies  # noqa: E402
-from timing import graph_time  # noqa: E402
 
 dev = "cuda"
 TRACE_TILES = 32  # kTraceTiles in marlin_kernel.cuh

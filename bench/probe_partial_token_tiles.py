@@ -4,7 +4,7 @@ same tokens padded to a whole tile (the dispatcher's token tile: 8, 16, 32 or 64
 
     python bench/probe_partial_token_tiles.py [--ms 64,72,80,96,112,120,128] [--shapes N:K,...]
 
-Per point (CUDA-graph replay, weights rotated past L2, microseconds per call, as bench/timing.py):
+Per point (CUDA-graph replay, weights rotated past L2, microseconds per call, as qbackend/benchmark.py):
   auto         the dispatcher's choice at M
   <config>     the swapped 64-row ping-pong configs with 128-, 96- and 64-token tiles, forced
   tensorwise   cuBLASLt (torch._scaled_mm, per-tensor scales)
@@ -32,11 +32,11 @@ import sys
 import torch
 
 import qbackend
+from qbackend.benchmark import graph_time
 from qbackend_providers import native
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scaled_mm import F8, Problem  # noqa: E402
-from timing import graph_time  # noqa: E402
 
 FORCED = ("swap_64x128x128_ping", "swap_64x96x128_ping", "swap_64x64x128_ping")
 

@@ -8,20 +8,16 @@ layouts, partial blocks, out dtypes, bias, fp8 pairs, fast accumulation) and tor
 M, K and N alignment) is called once on random data; it prints "ok" with the error against an fp32
 computation of the same product, or the exception's first line.
 --timing: the candidate paths of each kind at M in {1, 16, 256, 4096} on (4096, 4096) and
-(28672, 4096), under CUDA-graph replay with weight copies rotated past the L2 (bench/timing.py),
+(28672, 4096), under CUDA-graph replay with weight copies rotated past the L2 (qbackend/benchmark.py),
 against bf16 torch.mm in the same rounds.
 """
 import argparse
-import os
-import sys
 from functools import partial
 
 import torch
 
+from qbackend.benchmark import graph_time, interleaved
 from qbackend_providers import torch_fallback as tf
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import graph_time, interleaved  # noqa: E402
 
 dev = "cuda"
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qsweep|bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
+#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qsweep|bench|qbackend_bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -53,6 +53,10 @@ for step in $steps; do
       timeout 200 python3 bench/probe_partial_token_tiles.py --ms 36,40,66,72,80,88,96,104 --shapes 4096:14336,8192:8192,6144:4096,10240:8192 2>&1 ;;
     qbench)
       timeout 120 python3 bench/bench_quantize.py --out "$OUT/quantize_h200.json" 2>&1 ;;
+    qbackend_bench)  # `qbackend bench` as a user runs it, after its GPU test; the console table is kept
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_bench_gpu.py 2>&1 | tail -5
+      timeout 240 python3 -m qbackend bench --shapes 4096x4096,28672x4096,8192x8192 --m 1,16,256,4096 \
+        --json "$OUT/qbackend_bench_h200.json" --png "$OUT/qbackend_bench_h200.png" 2>&1 | tee "$OUT/qbackend_bench_h200.txt" ;;
     qsweep)  # the per-token quantize kernel's vectors per thread: automatic against forced
       timeout 200 python3 bench/bench_quantize.py --sweep 2>&1 ;;
     bench)

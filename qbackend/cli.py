@@ -1,4 +1,4 @@
-"""`qbackend` command line: `info` (what this machine runs, and why), `explain`, `convert`."""
+"""`qbackend` command line: `info` (what this machine runs, and why), `explain`, `convert`, `bench`."""
 from __future__ import annotations
 
 import argparse
@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_convert_subcommand(sub)
+    from .bench_cli import add_bench_subcommand
+
+    add_bench_subcommand(sub)
     return parser
 
 
