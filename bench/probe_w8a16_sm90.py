@@ -10,16 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import torch
 
 import qbackend
 from qbackend import registry
+from qbackend.benchmark import graph_time
 from qbackend_providers import native
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import graph_time  # noqa: E402
 
 F8 = torch.float8_e4m3fn
 DECOMPS = {"dp": 0, "streamk": 2, "heuristic": 3}
@@ -115,9 +112,9 @@ def bench(shapes, ms, g):
             row["auto_us"] = t_auto
             best = min(row["configs"].items(), key=lambda kv: kv[1]) if row["configs"] else ("-", float("nan"))
             row["best"] = best[0]
-            print(f"N={N:5d} K={K:5d} M={M:5d} bf16 {t_bf16:8.2f}  marlin {t_marlin:8.2f} (x{t_bf16 / t_marlin:5.2f})  "
-                  f"auto {t_auto:8.2f} (x{t_bf16 / t_auto:5.2f})  best {best[1]:8.2f} (x{t_bf16 / best[1]:5.2f}) {best[0]}",
-                  flush=True)
+            print(f"N={N:5d} K={K:5d} M={M:5d} bf16 {t_bf16:8.2f}  marlin {t_marlin:8.2f} (x{t_bf16 / t_marlin:5.2f})"
+                  f"  auto {t_auto:8.2f} (x{t_bf16 / t_auto:5.2f})  best {best[1]:8.2f} (x{t_bf16 / best[1]:5.2f})"
+                  f" {best[0]}", flush=True)
             rows.append(row)
     return rows
 
