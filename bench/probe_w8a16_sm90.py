@@ -27,6 +27,23 @@ def configs(dtype=torch.bfloat16):
     return native.config_names(dtype, native.VARIANT_SM90)
 
 
+def variants(M=None):
+    """(label, config id, decomposition, splits) of every forced choice worth timing at M (all at None).
+    The small-M kernel ("stream") reads splits as its cluster size."""
+    out = []
+    for ci, name in enumerate(configs()):
+        if "stream" in name:
+            if M is None or M <= 64:
+                out += [(f"{name}/c{c}", ci, -1, c) for c in (1, 2, 4)]
+            continue
+        tile_n = int(name.split("_")[1].split("x")[1])
+        if M is not None and (tile_n > 4 * max(M, 16) or (tile_n < 64 and M > 256)):
+            continue
+        for dname in (("dp", "streamk") if name.endswith("coop") else ("dp",)):
+            out.append((f"{name}/{dname}", ci, DECOMPS[dname], -1))
+    return out
+
+
 def run(a, w, s, bias, config=-1, decomp=-1, splits=-1):
     native.override(config, decomp, splits)
     try:
@@ -46,7 +63,7 @@ def reference(a, w, s, bias):
 def check(g) -> list:
     """Each config on odd shapes against float64; returns failures (empty when all pass)."""
     failures = []
-    cases = [(1, 4096, 4096), (37, 200, 272), (130, 2112, 7168 + 64), (300, 136, 16), (16, 8, 32)]
+    cases = [(1, 4096, 4096), (37, 200, 272), (130, 2112, 7168 + 64), (300, 136, 16), (16, 8, 32), (5, 520, 8192)]
     for dtype in (torch.bfloat16, torch.float16):
         for M, N, K in cases:
             w = (torch.randn(N, K, device=dev, generator=g) * 3).to(F8)
@@ -55,20 +72,22 @@ def check(g) -> list:
             a = big[:, 8:8 + K]  # strided rows (lda = K + 24) at a 16-byte offset
             bias = torch.randn(N, device=dev, generator=g).to(dtype)
             ref = reference(a, w, s, bias)
-            for ci, name in enumerate(configs(dtype)):
-                for dname, d in (("dp", 0), ("streamk", 2)):
-                    out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
-                    native.override(ci, d, -1)
-                    try:
-                        native.scaled_mm(a, w.t(), None, s, bias, out, native.VARIANT_SM90)
-                    except RuntimeError as e:
-                        failures.append(f"{name} {dname} {dtype} M={M} N={N} K={K}: {e}")
-                        continue
-                    finally:
-                        native.override()
-                    err = ((out.double() - ref).norm() / ref.norm()).item()
-                    if not (err < 8e-3) or out.isnan().any():
-                        failures.append(f"{name} {dname} {dtype} M={M} N={N} K={K}: rel err {err:.2e}")
+            for label, ci, d, splits in variants() + [("auto", -1, -1, -1)]:
+                out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
+                native.override(ci, d, splits)
+                try:
+                    wsz = native.scaled_mm_workspace_size(M, N, K, dtype, dtype, 90)
+                    work = torch.empty(max(wsz, 1), dtype=torch.uint8, device=dev)
+                    native.scaled_mm(a, w.t(), None, s, bias, out, native.VARIANT_SM90, work)
+                    torch.cuda.synchronize()
+                except RuntimeError as e:
+                    failures.append(f"{label} {dtype} M={M} N={N} K={K}: {e}")
+                    continue
+                finally:
+                    native.override()
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                if not (err < 8e-3) or out.isnan().any():
+                    failures.append(f"{label} {dtype} M={M} N={N} K={K}: rel err {err:.2e}")
     return failures
 
 
@@ -89,25 +108,21 @@ def bench(shapes, ms, g):
             t_bf16 = graph_time([lambda w=w: torch.mm(a, w.t()) for w in wb], 3.0)
             t_marlin = graph_time([lambda pw=pw: qbackend.linear(a, pw) for pw in marlin_w], 3.0)
             row = {"M": M, "N": N, "K": K, "bf16_us": t_bf16, "marlin_us": t_marlin, "configs": {}}
-            for ci, name in enumerate(configs()):
-                tile_n = int(name.split("_")[1].split("x")[1])
-                if tile_n > 4 * max(M, 16) or (tile_n < 64 and M > 256):
+            for label, ci, d, splits in variants(M):
+                native.override(ci, d, splits)
+                try:
+                    outs = [torch.empty(M, N, dtype=torch.bfloat16, device=dev) for _ in ws]
+                    wsz = native.scaled_mm_workspace_size(M, N, K, torch.bfloat16, torch.bfloat16, 90)
+                    work = torch.empty(max(wsz, 1), dtype=torch.uint8, device=dev)
+                    fns = [lambda w=w, s=s, o=o: native.scaled_mm(a, w.t(), None, s, None, o, 90, work)
+                           for w, s, o in zip(ws, ss, outs)]
+                    t = graph_time(fns, 3.0)
+                except RuntimeError as e:
+                    print(f"  {label}: {e}")
                     continue
-                for dname in (("dp", "streamk") if name.endswith("coop") else ("dp",)):
-                    native.override(ci, DECOMPS[dname], -1)
-                    try:
-                        outs = [torch.empty(M, N, dtype=torch.bfloat16, device=dev) for _ in ws]
-                        wsz = native.scaled_mm_workspace_size(M, N, K, torch.bfloat16, torch.bfloat16, 90)
-                        work = torch.empty(max(wsz, 1), dtype=torch.uint8, device=dev)
-                        fns = [lambda w=w, s=s, o=o: native.scaled_mm(a, w.t(), None, s, None, o, 90, work)
-                               for w, s, o in zip(ws, ss, outs)]
-                        t = graph_time(fns, 3.0)
-                    except RuntimeError as e:
-                        print(f"  {name} {dname}: {e}")
-                        continue
-                    finally:
-                        native.override()
-                    row["configs"][f"{name}/{dname}"] = t
+                finally:
+                    native.override()
+                row["configs"][label] = t
             t_auto = graph_time([lambda w=w, s=s: run(a, w, s, None) for w, s in zip(ws, ss)], 3.0)
             row["auto_us"] = t_auto
             best = min(row["configs"].items(), key=lambda kv: kv[1]) if row["configs"] else ("-", float("nan"))

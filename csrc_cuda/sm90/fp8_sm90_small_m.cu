@@ -25,6 +25,13 @@
 // Warps 0-3 form the consumer warpgroup (wgmma m64nTk32 with the weight tile as the A operand and
 // the token tile as B, both K-major in 128-byte-swizzled shared memory written by TMA); one thread
 // of warp 4 issues the TMA loads.
+//
+// The same kernel runs W8A16 (bf16/fp16 activations, e4m3 weights; kMixed): a stage then holds the
+// token tile's 128 K values as two 64-value halves of 128-byte rows, and the wgmmas are m64nTk16 in
+// the activation dtype with A from registers: each thread reads its fragment of the e4m3 weight
+// tile from shared memory and converts it exactly (every e4m3 value is a bf16 and an fp16 value).
+// The fragments of two consecutive stages live in separate registers, so that one stage's wgmmas
+// run while the next stage's weights are converted.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -116,6 +123,49 @@ __device__ __forceinline__ void gmma(uint64_t w, uint64_t a, float (&d)[T / 2], 
   GmmaOp<T>::fma(w, a, d[I]...);
 }
 
+// wgmma m64 nT k16 in the activation dtype, A (the converted weight) from registers, B K-major from
+// shared memory.
+template <class ActT>
+using CuteAct = std::conditional_t<std::is_same_v<ActT, __half>, cute::half_t, cute::bfloat16_t>;
+template <int T, class ActT>
+using GmmaRsOp = decltype(cute::SM90::GMMA::rs_op_selector<CuteAct<ActT>, CuteAct<ActT>, float,
+                                                           cute::Shape<cute::_64, cute::Int<T>, cute::_16>>());
+
+template <int T, class ActT, size_t... I>
+__device__ __forceinline__ void gmma_rs(const uint32_t (&w)[4], uint64_t a, float (&d)[T / 2],
+                                        std::index_sequence<I...>) {
+  GmmaRsOp<T, ActT>::fma(w[0], w[1], w[2], w[3], a, d[I]...);
+}
+
+// Two e4m3 values (low byte first) as the activation dtype's pair, exactly.
+template <class ActT>
+__device__ __forceinline__ uint32_t e4m3x2_to(uint32_t two) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(two)));
+  if constexpr (std::is_same_v<ActT, __half>) {
+    return h;
+  } else {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+// This thread's wgmma A fragment of the 16 K values kk * 16 .. kk * 16 + 15 of one 64-row block of the
+// weight tile (row pitch 128 bytes, 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8)):
+// rows r0 and r0 + 8, K pairs 2q, 2q + 1 and 2q + 8, 2q + 9 (q = lane % 4), as the activation dtype.
+template <class ActT>
+__device__ __forceinline__ void load_fragment(const uint8_t* block, int r0, int lane, int kk, uint32_t (&f)[4]) {
+  const int chunk = (kk ^ (r0 & 7)) * 16, q = lane % 4;
+  const int word = 4 * (q >> 1), shift = 16 * (q & 1);
+  const uint8_t* lo = block + r0 * kTileK + chunk;
+  const uint8_t* hi = lo + 8 * kTileK;
+  f[0] = e4m3x2_to<ActT>(*reinterpret_cast<const uint32_t*>(lo + word) >> shift);
+  f[1] = e4m3x2_to<ActT>(*reinterpret_cast<const uint32_t*>(hi + word) >> shift);
+  f[2] = e4m3x2_to<ActT>(*reinterpret_cast<const uint32_t*>(lo + 8 + word) >> shift);
+  f[3] = e4m3x2_to<ActT>(*reinterpret_cast<const uint32_t*>(hi + 8 + word) >> shift);
+}
+
 // The four consumer warps meet (named barrier 1; the producer warp is not part of it).
 __device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
 
@@ -126,11 +176,14 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-template <int ROWS, int TOK, class OutT>
+// kMixed: W8A16 (activations of OutT's dtype); otherwise e4m3 activations.
+template <int ROWS, int TOK, class OutT, bool kMixed>
 __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kActBytes = kMixed ? 2 : 1;
   constexpr int kWBytes = ROWS * kTileK;
-  constexpr int kStageBytes = kWBytes + TOK * kTileK;
+  constexpr int kXHalf = TOK * kTileK;  // one 128-byte-row sub-tile of tokens
+  constexpr int kStageBytes = kWBytes + TOK * kTileK * kActBytes;
   constexpr int kBlocks = ROWS / 64;  // m64 wgmma blocks per tile
   constexpr int kAcc = TOK / 2;       // fp32 accumulators per thread and block
   __shared__ alignas(8) uint64_t full[kMaxStages];
@@ -167,7 +220,9 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
 
   const int r0 = 16 * (warp & 3) + lane / 4;  // this thread's first row in each 64-row block
   const int c0 = 2 * (lane % 4);              // and its first token column in each 8-column group
-  const bool consumer = warp < 4;
+  // Warp-uniform as far as the compiler can tell (a shuffle's result), so that the register-sourced
+  // wgmmas of the W8A16 form are not serialized as if they sat in a divergent branch.
+  const bool consumer = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0) == 0;
   float acc[kBlocks][kAcc];
   // Epilogue operands, loaded before each main loop (zeroed here only so that `store` may capture them).
   float sa[TOK / 8][2] = {}, sb[kBlocks][2] = {}, bias[kBlocks][2] = {};
@@ -228,8 +283,15 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
           const int k = (k0 + t) * kTileK;
           cute::SM90_TMA_LOAD_2D::copy(&p.w_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST), dst,
                                        k, row);
-          cute::SM90_TMA_LOAD_2D::copy(&p.a_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST),
-                                       dst + kWBytes, k, tok_tile * TOK);
+          if constexpr (kMixed) {  // K values k .. k + 63 and k + 64 .. k + 127, 128 bytes each
+            cute::SM90_TMA_LOAD_2D::copy(&p.a_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST),
+                                         dst + kWBytes, k, tok_tile * TOK);
+            cute::SM90_TMA_LOAD_2D::copy(&p.a_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST),
+                                         dst + kWBytes + kXHalf, k + kTileK / 2, tok_tile * TOK);
+          } else {
+            cute::SM90_TMA_LOAD_2D::copy(&p.a_map, &full[stage], uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST),
+                                         dst + kWBytes, k, tok_tile * TOK);
+          }
           if (++stage == p.stages) {
             stage = 0;
             phase ^= 1;
@@ -246,7 +308,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int m = tok_tile * TOK + 8 * c + c0 + e;
-        sa[c][e] = m < p.M ? p.scale_a[p.scale_a_per_row ? m : 0] : 0.f;
+        sa[c][e] = m >= p.M ? 0.f : kMixed ? 1.f : p.scale_a[p.scale_a_per_row ? m : 0];
       }
     }
     const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
@@ -270,16 +332,43 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
         fence_regs(acc[b]);
       }
       int held = -1;
-      for (int t = 0; t < n; ++t) {
-        ClusterBarrier::wait(&full[stage], phase);
-        cute::warpgroup_arrive();
-        const uint32_t w = ring_addr + stage * kStageBytes, x = w + kWBytes;
+      // W8A16: the converted weight fragments of the stage in flight and of the next one, selected by
+      // the stage's parity with compile-time indices only (a runtime index would put them in local
+      // memory).
+      uint32_t frag[kMixed ? 2 : 1][kTileK / 16][kBlocks][4];
+      auto convert_and_issue = [&](auto parity, uint32_t x, const uint8_t* wtile) {
+        constexpr int P = decltype(parity)::value;
 #pragma unroll
-        for (int kk = 0; kk < kTileK / 32; ++kk) {
+        for (int kk = 0; kk < kTileK / 16; ++kk) {
+#pragma unroll
+          for (int b = 0; b < kBlocks; ++b) load_fragment<OutT>(wtile + b * 64 * kTileK, r0, lane, kk, frag[P][kk][b]);
+        }
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int kk = 0; kk < kTileK / 16; ++kk) {
+          const uint32_t xk = x + (kk / 4) * kXHalf + (kk % 4) * 32;
 #pragma unroll
           for (int b = 0; b < kBlocks; ++b)
-            gmma<TOK>(smem_desc(w + b * 64 * kTileK + kk * 32), smem_desc(x + kk * 32), acc[b],
-                      std::make_index_sequence<kAcc>{});
+            gmma_rs<TOK, OutT>(frag[P][kk][b], smem_desc(xk), acc[b], std::make_index_sequence<kAcc>{});
+        }
+      };
+      for (int t = 0; t < n; ++t) {
+        ClusterBarrier::wait(&full[stage], phase);
+        const uint32_t w = ring_addr + stage * kStageBytes, x = w + kWBytes;
+        if constexpr (kMixed) {
+          if (t & 1)
+            convert_and_issue(std::integral_constant<int, 1>{}, x, ring + stage * kStageBytes);
+          else
+            convert_and_issue(std::integral_constant<int, 0>{}, x, ring + stage * kStageBytes);
+        } else {
+          cute::warpgroup_arrive();
+#pragma unroll
+          for (int kk = 0; kk < kTileK / 32; ++kk) {
+#pragma unroll
+            for (int b = 0; b < kBlocks; ++b)
+              gmma<TOK>(smem_desc(w + b * 64 * kTileK + kk * 32), smem_desc(x + kk * 32), acc[b],
+                        std::make_index_sequence<kAcc>{});
+          }
         }
         cute::warpgroup_commit_batch();
         cute::warpgroup_wait<1>();  // the previous tile's wgmmas are done: its stage may be refilled
@@ -343,16 +432,16 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const __grid_constant
 
 // ---- host ---------------------------------------------------------------------------------------------
 
-int stage_bytes(int rows, int tokens) { return (rows + tokens) * kTileK; }
+int stage_bytes(int rows, int tokens, int act_bytes) { return (rows + tokens * act_bytes) * kTileK; }
 // The staging area for one 64-row block of 2-byte outputs (bf16 or fp16).
 int staged_bytes(int tokens) { return tokens * kStagedPitch * 2; }
 // The ring (1024-byte aligned, hence the slack) and the staging area after it.
-int smem_bytes(int rows, int tokens, int stages) {
-  return stages * stage_bytes(rows, tokens) + 1024 + staged_bytes(tokens);
+int smem_bytes(int rows, int tokens, int stages, int act_bytes) {
+  return stages * stage_bytes(rows, tokens, act_bytes) + 1024 + staged_bytes(tokens);
 }
 
-int default_stages(int rows, int tokens) {
-  const int s = (kCtaSmemTarget - 1024 - staged_bytes(tokens)) / stage_bytes(rows, tokens);
+int default_stages(int rows, int tokens, int act_bytes) {
+  const int s = (kCtaSmemTarget - 1024 - staged_bytes(tokens)) / stage_bytes(rows, tokens, act_bytes);
   return s < 3 ? 3 : s > kMaxStages ? kMaxStages : s;
 }
 
@@ -362,7 +451,8 @@ SmallMPlan make_plan(const ScaledMmArgs& a, int rows, int splits, int whole) {
   SmallMPlan pl{};
   pl.rows = rows;
   pl.tokens = token_tile(a.M);
-  pl.stages = default_stages(rows, pl.tokens);
+  pl.act_bytes = a.a_dtype == QB_BF16 || a.a_dtype == QB_F16 ? 2 : 1;
+  pl.stages = default_stages(rows, pl.tokens, pl.act_bytes);
   pl.row_tiles = cdiv(a.N, rows);
   pl.token_tiles = cdiv(a.M, pl.tokens);
   const int64_t k_tiles = cdiv(a.K, kTileK);
@@ -394,17 +484,19 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// A 2-D map over a row-major [rows, K] byte matrix with row stride ld, read in boxes of
-// box_rows x 128 with the 128-byte swizzle; rows and columns past the end read as zero.
-int make_map(CUtensorMap* map, const void* base, int64_t rows, int64_t K, int64_t ld, int box_rows,
+// A 2-D map over a row-major [rows, K] matrix of 1- or 2-byte elements with row stride ld (elements),
+// read in boxes of box_rows x 128 bytes with the 128-byte swizzle; rows and columns past the end read
+// as zero.
+int make_map(CUtensorMap* map, const void* base, int64_t rows, int64_t K, int64_t ld, int elem_bytes, int box_rows,
              const char* what, const Err& err) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return err.set(QB_ERR_CUDA, "sm90 fp8 small-M: the driver does not provide cuTensorMapEncodeTiled");
   const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(ld)};
-  const cuuint32_t box[2] = {cuuint32_t(kTileK), cuuint32_t(box_rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(ld * elem_bytes)};
+  const cuuint32_t box[2] = {cuuint32_t(kTileK / elem_bytes), cuuint32_t(box_rows)};
   const cuuint32_t elem[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
+  const CUtensorMapDataType type = elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const CUresult r = encode(map, type, 2, const_cast<void*>(base), dims, strides, box, elem,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
@@ -413,10 +505,10 @@ int make_map(CUtensorMap* map, const void* base, int64_t rows, int64_t K, int64_
   return QB_OK;
 }
 
-template <int ROWS, int TOK, class OutT>
+template <int ROWS, int TOK, class OutT, bool kMixed>
 int launch(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, const Err& err) {
-  auto* kernel = small_m_kernel<ROWS, TOK, OutT>;
-  const int smem = smem_bytes(ROWS, TOK, pl.stages);
+  auto* kernel = small_m_kernel<ROWS, TOK, OutT, kMixed>;
+  const int smem = smem_bytes(ROWS, TOK, pl.stages, pl.act_bytes);
   static int allowed[kSmemLimitDevices] = {};  // per kernel instance
   cudaError_t e = allow_dynamic_smem(kernel, smem, allowed);
   if (e != cudaSuccess) return err.cuda(e, "sm90 fp8 small-M: raising the shared-memory limit");
@@ -446,19 +538,23 @@ int launch(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, const
   return QB_OK;
 }
 
-template <int ROWS, class OutT>
+template <int ROWS, class OutT, bool kMixed>
 int launch_tokens(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, const Err& err) {
   switch (pl.tokens) {
-    case 8: return launch<ROWS, 8, OutT>(a, pl, prm, err);
-    case 16: return launch<ROWS, 16, OutT>(a, pl, prm, err);
-    case 32: return launch<ROWS, 32, OutT>(a, pl, prm, err);
-    default: return launch<ROWS, 64, OutT>(a, pl, prm, err);
+    case 8: return launch<ROWS, 8, OutT, kMixed>(a, pl, prm, err);
+    case 16: return launch<ROWS, 16, OutT, kMixed>(a, pl, prm, err);
+    case 32: return launch<ROWS, 32, OutT, kMixed>(a, pl, prm, err);
+    default: return launch<ROWS, 64, OutT, kMixed>(a, pl, prm, err);
   }
 }
 
+// W8A16 runs 64-row tiles only: two stages of converted fragments for 128 rows would not fit in the
+// registers next to the accumulators.
 template <class OutT>
 int launch_rows(const ScaledMmArgs& a, const SmallMPlan& pl, const Params& prm, const Err& err) {
-  return pl.rows == 128 ? launch_tokens<128, OutT>(a, pl, prm, err) : launch_tokens<64, OutT>(a, pl, prm, err);
+  if (pl.act_bytes == 2) return launch_tokens<64, OutT, true>(a, pl, prm, err);
+  return pl.rows == 128 ? launch_tokens<128, OutT, false>(a, pl, prm, err)
+                        : launch_tokens<64, OutT, false>(a, pl, prm, err);
 }
 
 }  // namespace
@@ -517,12 +613,14 @@ int small_m_run(const ScaledMmArgs& a, const SmallMPlan& pl, const Err& err) {
   if (pl.clusters > 65535 || pl.token_tiles > 65535)
     return err.set(QB_ERR_UNSUPPORTED, "sm90 fp8 small-M: N=%lld and M=%lld need more than 65535 tiles", (long long)a.N,
                    (long long)a.M);
-  if (smem_bytes(pl.rows, pl.tokens, pl.stages) > kSmemOptin || pl.stages > kMaxStages || pl.splits < 1)
-    return err.set(QB_ERR_UNSUPPORTED, "sm90 fp8 small-M: bad plan (stages %d, splits %d)", pl.stages, pl.splits);
+  if (smem_bytes(pl.rows, pl.tokens, pl.stages, pl.act_bytes) > kSmemOptin || pl.stages > kMaxStages ||
+      pl.splits < 1 || (pl.act_bytes == 2 && pl.rows != 64))
+    return err.set(QB_ERR_UNSUPPORTED, "sm90 small-M: bad plan (rows %d, stages %d, splits %d)", pl.rows, pl.stages,
+                   pl.splits);
   Params prm{};
-  int st = make_map(&prm.w_map, a.b, a.N, a.K, a.ldb, pl.rows, "weight", err);
+  int st = make_map(&prm.w_map, a.b, a.N, a.K, a.ldb, 1, pl.rows, "weight", err);
   if (st != QB_OK) return st;
-  if ((st = make_map(&prm.a_map, a.a, a.M, a.K, a.lda, pl.tokens, "a", err)) != QB_OK) return st;
+  if ((st = make_map(&prm.a_map, a.a, a.M, a.K, a.lda, pl.act_bytes, pl.tokens, "a", err)) != QB_OK) return st;
   prm.out = a.out;
   prm.ldo = a.ldo;
   prm.scale_a = a.scale_a;

@@ -15,6 +15,7 @@ struct SmallMPlan {
   int rows;            // weight rows per tile: 64 or 128
   int tokens;          // token tile: 8, 16, 32 or 64 (M is covered by ceil(M / tokens) tiles)
   int stages;          // depth of the shared-memory ring
+  int act_bytes;       // 1: e4m3 activations; 2: bf16/fp16 (W8A16: 64-row tiles only)
   int splits;          // CTAs of one cluster that share the cluster's last tile's K range (1 to 8)
   int whole;           // tiles each CTA streams alone before that shared tile (0: only the shared one)
   int64_t row_tiles, token_tiles;

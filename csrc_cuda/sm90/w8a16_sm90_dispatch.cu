@@ -1,5 +1,11 @@
-// w8a16_sm90_dispatch.cu: picks the SM90 W8A16 config and the work decomposition for a problem.
+// w8a16_sm90_dispatch.cu: picks the SM90 W8A16 kernel, config and work decomposition for a problem.
+//
+// Few tokens go to the small-M kernel (fp8_sm90_small_m.cu, its W8A16 form), which streams the
+// weight at close to HBM speed; the rest to the CUTLASS mixed-input configs. The small-M kernel is
+// listed, forcible, as the config after CUTLASS's (qb_scaled_mm_override: `splits` is its cluster
+// size, `swizzle` the tiles each CTA streams alone, as for the FP8 family).
 #include "fp8_sm90_configs.h"
+#include "fp8_sm90_small_m.h"
 #include "w8a16_sm90_configs.h"
 
 namespace qb {
@@ -27,8 +33,8 @@ double wave_efficiency(int64_t tiles, int sms) {
   return double(tiles) / double(waves * sms);
 }
 
-// From sweeps of every config and split at M = 1 to 4096 on 4096 x 4096, 28672 x 4096 and
-// 4096 x 14336 (bench/probe_w8a16_sm90.py; bench/results/w8a16_sm90_h100.log):
+// The CUTLASS configs (above 64 tokens), from sweeps of every config and split at M = 1 to 4096 on
+// 4096 x 4096, 28672 x 4096 and 4096 x 14336 (bench/probe_w8a16_sm90.py; bench/results/w8a16_sm90_h100.log):
 //   M <= 256: the token side of the tile covers M (up to 128, or 256 where those tiles still fill
 //             the SMs), so each weight tile is streamed once. 128-row cooperative tiles where they
 //             fill the SMs (28672 x 4096), or where K is long enough for stream-K to hand every SM
@@ -77,11 +83,30 @@ Plan plan_for(const ScaledMmArgs& a) {
 
 int act_tag(const ScaledMmArgs& a) { return a.out_dtype == QB_F16 ? 1 : 0; }
 
+constexpr int kStreamConfig = kNumW8A16Configs;  // the small-M kernel's config id
+
+// The small-M kernel's plan, up to 64 tokens: 64-row tiles (its only W8A16 tile), one per CTA; where
+// they cover at most half the SMs, K split in two across a cluster of two CTAs. From the sweep in
+// bench/results/w8a16_sm90_h100.log (H100): at 4096 x 4096, M = 1, 10.1 us with the split against
+// 14.1 without; at 28672 x 4096 one tile per CTA (448 CTAs) 46.2 us against 55.3 with each CTA
+// streaming several tiles. Up to 64 tokens it was the fastest W8A16 kernel at every shape swept.
+bool small_m_plan(const ScaledMmArgs& a, SmallMPlan* plan) {
+  if (a.config == kStreamConfig) {
+    *plan = small_m_forced_plan(a, 64, a.splits, a.swizzle);
+    return true;
+  }
+  if (a.config >= 0 || a.M > 64) return false;
+  const int sms = a.sm_count > 0 ? a.sm_count : 132;
+  *plan = small_m_forced_plan(a, 64, 2 * cdiv(a.N, 64) <= sms ? 2 : 1, 0);
+  return true;
+}
 }  // namespace
 }  // namespace sm90
 
 int sm90_w8a16_scaled_mm(const ScaledMmArgs& args, const Err& err) {
   using namespace sm90;
+  SmallMPlan small;
+  if (small_m_plan(args, &small)) return small_m_run(args, small, err);
   Plan p = plan_for(args);
   const int tag = act_tag(args);
   // Without the workspace the split needs, run the same tiles unsplit.
@@ -92,13 +117,16 @@ int sm90_w8a16_scaled_mm(const ScaledMmArgs& args, const Err& err) {
 
 size_t sm90_w8a16_workspace(const ScaledMmArgs& args) {
   using namespace sm90;
+  SmallMPlan small;
+  if (small_m_plan(args, &small)) return 0;
   const Plan p = plan_for(args);
   return kWs[p.config][act_tag(args)](args, p.opts);
 }
 
-int sm90_w8a16_config_count() { return sm90::kNumW8A16Configs; }
+int sm90_w8a16_config_count() { return sm90::kNumW8A16Configs + 1; }
 
 const char* sm90_w8a16_config_name(int config) {
+  if (config == sm90::kStreamConfig) return "w8a16_stream_64";
   return config >= 0 && config < sm90::kNumW8A16Configs ? sm90::kW8A16Configs[config].name : nullptr;
 }
 

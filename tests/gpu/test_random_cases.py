@@ -57,6 +57,8 @@ SERVED: collections.Counter = collections.Counter()
 FP8_FAMILIES = [""] + (["90"] if SM == (9, 0) else []) + (["89"] if SM >= (8, 9) else [])
 INT8_FAMILIES = ["", "80", "75"] if SM >= (8, 0) else ["", "75"]
 MARLIN_FAMILIES = ["80", "75"] if SM >= (8, 0) else ["75"]
+# W8A16 kernels: marlin's families, and on sm_90 the cutlass provider's mixed-input ones.
+W8A16_FAMILIES = MARLIN_FAMILIES + (["cutlass"] if SM == (9, 0) else [])
 
 
 def case_random(family: str, i: int):
@@ -206,9 +208,14 @@ def test_random_quantize(monkeypatch, i):
 
 @pytest.mark.parametrize("i", CASES, ids=lambda i: f"marlin-{i}")
 def test_random_marlin(monkeypatch, i):
+    """W8A16 on a native kernel family: marlin's sm_80 / sm_75, or the cutlass provider's sm_90a one
+    (M up to 1100 reaches both its small-M kernel and its CUTLASS configs)."""
     r, g = case_random("marlin", i)
-    variant, act = r.choice(MARLIN_FAMILIES), r.choice([torch.float16, torch.bfloat16])
-    with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
+    variant, act = r.choice(W8A16_FAMILIES), r.choice([torch.float16, torch.bfloat16])
+    if variant == "cutlass":
+        with_provider(monkeypatch, "cutlass")
+    else:
+        with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
     M, N, K = draw_mnk(r, 1100, 8)
     qw, sw = quantized_weight(r, g, N, K, F8)
     per_channel = r.random() < 0.7
@@ -239,7 +246,7 @@ def test_random_marlin(monkeypatch, i):
 
 @pytest.mark.parametrize("i", CASES, ids=lambda i: f"graph-{i}")
 def test_random_graph_replay(monkeypatch, i):
-    """quantize + linear (W8A8 on the cutlass kernels) or linear alone (W8A16 on marlin's) captured in
+    """quantize + linear (W8A8 on the cutlass kernels) or linear alone (W8A16 on marlin's or cutlass's) captured in
     a CUDA graph, replayed on new activations: each replay equals the same calls run eagerly, bit for
     bit, and the reference within tolerance."""
     r, g = case_random("graph", i)
@@ -252,9 +259,12 @@ def test_random_graph_replay(monkeypatch, i):
         with_provider(monkeypatch, "cutlass")
         dtype, act_gran = F8, r.choice(["token", "tensor"])
     else:
-        variant = r.choice(MARLIN_FAMILIES)
-        with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
-        dtype, act_gran = out_dtype if variant == "80" else torch.float16, "tensor"
+        variant = r.choice(W8A16_FAMILIES)
+        if variant == "cutlass":
+            with_provider(monkeypatch, "cutlass")
+        else:
+            with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
+        dtype, act_gran = out_dtype if variant != "75" else torch.float16, "tensor"
         out_dtype = dtype
     qw, sw = quantized_weight(r, g, N, K, F8)
     w_scale = sw if r.random() < 0.7 else sw.max()
