@@ -5,6 +5,11 @@ kernels, all from libqbackend_cuda (csrc_cuda/).
 The sm_90 W8A16 kernels read the checkpoint's own [N, K] e4m3 weight (no repacking, prepared or
 not) and convert it exactly to the activation dtype in registers before each WGMMA.
 
+Block-scaled FP8 (1 x 128 activation groups, 128 x 128 weight blocks, DeepSeek-style) runs on sm_90
+with two-level accumulation: each 128-deep K block's fp32 partial sums are scaled and added into a
+second fp32 accumulator. Scales are read as scaled_mm receives them ([M, Kb] and [Kb, Nb], the
+prepared layout), the last group or block may be partial.
+
 QBACKEND_CUTLASS_VARIANT=90|89|80|75 forces a kernel family (for verifying the PTX-embedded older
 families on a newer chip); unset, the library picks the best family built for the device.
 """
@@ -16,7 +21,7 @@ import torch
 
 import qbackend
 from qbackend import dtypes as qd
-from qbackend.problem import Op, Verdict
+from qbackend.problem import Granularity, Op, Verdict
 from qbackend.provider import Provider, Rule, granularities
 
 from . import native
@@ -75,8 +80,23 @@ def _int8_variants(sm: int) -> tuple:
     return (80, 75) if sm >= 80 else (75,)
 
 
-def _w8a16_variants(sm: int) -> tuple:
+def _sm90_only(sm: int) -> tuple:
     return (90,)
+
+
+def _block_mismatch(problem) -> str | None:
+    """Why the block kernels cannot read this problem's group/block scales, or None. They take
+    groups of exactly 128 along K (1 x 128 for a, 128 x 128 for b); other shapes (a K or N of at most
+    128 covered by one scale, [Kb, N] per-column blocks) go to the next provider."""
+    if problem.group != 128:
+        return f"block scaling takes group_size 128, not {problem.group}"
+    if not problem.group_extents:  # a representative problem: the standard shapes
+        return None
+    a_k, b_k, b_n = problem.group_extents
+    if a_k != 128 or b_k != 128 or b_n != 128:
+        return ("block scaling takes scale_a [M, ceil(K/128)] and scale_b [ceil(K/128), ceil(N/128)]; "
+                f"these scales cover {a_k} x {b_k} x {b_n} (K per a group, K x N per b block)")
+    return None
 
 
 class CutlassProvider(Provider):
@@ -84,7 +104,8 @@ class CutlassProvider(Provider):
         scales_a, scales_b = granularities("tensor", "token"), granularities("tensor", "channel")
         super().__init__(
             name="cutlass", priority=100,
-            description="CUTLASS W8A8 GEMMs (fp8 on sm_89+, int8 on sm_75+), CUDA quantize kernels",
+            description="CUTLASS W8A8 GEMMs (fp8 on sm_89+, int8 on sm_75+, block-scaled fp8 and W8A16 "
+                        "on sm_90), CUDA quantize kernels",
             rules=(
                 Rule(Op.SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), scales_a, scales_b,
                      _HALF_OUT, min_sm=89, k_align=16, n_align=16, why_arch="fp8 tensor cores"),
@@ -92,6 +113,9 @@ class CutlassProvider(Provider):
                      _HALF_OUT, min_sm=75, k_align=16, n_align=16, why_arch="int8 tensor cores"),
                 Rule(Op.SCALED_MM, CUDA, _W8A16_PAIRS, granularities("none"), scales_b, _HALF_OUT,
                      min_sm=90, max_sm=90, k_align=16, n_align=8, why_arch="sm_90a mixed-input WGMMA kernels"),
+                Rule(Op.SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), granularities("group"),
+                     granularities("block"), _HALF_OUT, min_sm=90, max_sm=90, k_align=16, n_align=8,
+                     why_arch="sm_90a block-scaled WGMMA kernels"),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("tensor"), min_sm=75, n_align=16),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("token"), min_sm=75, n_align=16,
                      static=frozenset({False})),
@@ -104,7 +128,9 @@ class CutlassProvider(Provider):
         if problem.op is Op.QUANTIZE:
             return "quantize", ()
         if problem.a_dtype in (torch.bfloat16, torch.float16):
-            return "scaled_mm_w8a16", _w8a16_variants
+            return "scaled_mm_w8a16", _sm90_only
+        if problem.scale_b is Granularity.BLOCK:
+            return "scaled_mm_fp8_block", _sm90_only
         if problem.a_dtype == torch.int8:
             return "scaled_mm_int8", _int8_variants
         return "scaled_mm_fp8", _fp8_variants
@@ -113,6 +139,10 @@ class CutlassProvider(Provider):
         if problem.a_dtype in (torch.bfloat16, torch.float16) and problem.out_dtype != problem.a_dtype:
             return Verdict(False, "W8A16 writes its output in the activation dtype "
                                   f"({qd.dtype_name(problem.a_dtype)}), not {qd.dtype_name(problem.out_dtype)}")
+        if problem.scale_b is Granularity.BLOCK and problem.op is Op.SCALED_MM:
+            why = _block_mismatch(problem)
+            if why is not None:
+                return Verdict(False, why)
         if device.simulated:
             return None
         if native.load() is None:
@@ -156,6 +186,11 @@ class CutlassProvider(Provider):
         if scale_a is None:  # W8A16
             out = torch.empty((M, N), dtype=a.dtype, device=a.device)
             return native.scaled_mm(a, b, None, scale_b.contiguous(), bias, out, variant=self.variant)
+        if problem.scale_b is Granularity.BLOCK:
+            # [M, Kb] and [Kb, Nb] row-major: no copy for quantize's and prepare_weight's scales.
+            out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+            return native.scaled_mm(a, b, scale_a.contiguous(), scale_b.contiguous(), bias, out,
+                                    variant=self.variant, block=True)
         # Per-row/column scales may arrive as strided views (w_scale.t()); the kernels read them
         # as contiguous vectors. A no-op for the usual contiguous scales.
         scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()

@@ -24,13 +24,14 @@ import torch
 
 __all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75",
            "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
-           "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size", "quantize",
+           "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size",
+           "block_workspace_size", "block_config_names", "quantize",
            "quantize_workspace_size", "quantize_override", "config_names", "auto_config", "token_rows",
            "override", "set_programmatic_launch"]
 
 VARIANT_AUTO, VARIANT_SM90, VARIANT_SM89, VARIANT_SM80, VARIANT_SM75 = 0, 90, 89, 80, 75
 STATIC_TENSOR, DYNAMIC_TENSOR, DYNAMIC_TOKEN = 0, 1, 2          # qb_quant_mode
-_SCALE_TENSOR, _SCALE_ROW = 0, 1                               # qb_scale_kind
+_SCALE_TENSOR, _SCALE_ROW, _SCALE_BLOCK = 0, 1, 2              # qb_scale_kind
 _DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 3,
           torch.float8_e5m2: 4, torch.int8: 5, torch.int32: 6}  # qb_dtype
 _STATUS = {0: "QB_OK", 1: "QB_ERR_INVALID_ARGUMENT", 2: "QB_ERR_UNSUPPORTED", 3: "QB_ERR_NOT_BUILT",
@@ -69,6 +70,13 @@ def _bind(lib) -> None:
     lib.qb_scaled_mm_config_count.restype = ip
     lib.qb_scaled_mm_config_name.argtypes = [ip, ip, ip]
     lib.qb_scaled_mm_config_name.restype = c.c_char_p
+    if hasattr(lib, "qb_scaled_mm_block_workspace_size"):  # libraries built before block scaling lack it
+        lib.qb_scaled_mm_block_workspace_size.argtypes = [i64, i64, i64, ip, ip]
+        lib.qb_scaled_mm_block_workspace_size.restype = sz
+        lib.qb_scaled_mm_block_config_count.argtypes = [ip]
+        lib.qb_scaled_mm_block_config_count.restype = ip
+        lib.qb_scaled_mm_block_config_name.argtypes = [ip, ip]
+        lib.qb_scaled_mm_block_config_name.restype = c.c_char_p
     lib.qb_scaled_mm_override.argtypes = [ip, ip, ip, ip]
     lib.qb_scaled_mm_override.restype = None
     if hasattr(lib, "qb_scaled_mm_auto_config"):  # libraries built before it lack it; auto_config says so
@@ -200,21 +208,40 @@ class _on_device:
             torch.cuda.set_device(self.prev)
 
 
+def block_workspace_size(M: int, N: int, K: int, out_dtype: torch.dtype, variant: int = 0) -> int:
+    """Bytes of workspace the block-scaled family wants for this problem on the current device."""
+    lib = _need()
+    if not hasattr(lib, "qb_scaled_mm_block_workspace_size"):
+        return 0
+    return int(lib.qb_scaled_mm_block_workspace_size(M, N, K, _DTYPE[out_dtype], int(variant)))
+
+
 def scaled_mm_workspace_size(M: int, N: int, K: int, a_dtype: torch.dtype, out_dtype: torch.dtype,
                              variant: int = 0) -> int:
     """Bytes of workspace the library wants for this problem on the current device (0: none)."""
     return int(_need().qb_scaled_mm_workspace_size(M, N, K, _DTYPE[a_dtype], _DTYPE[out_dtype], int(variant)))
 
 
+def _block_scales(scale_a: torch.Tensor, scale_b: torch.Tensor, M: int, N: int, K: int) -> None:
+    """The block-scaled family's scale shapes: [M, ceil(K/128)] and [ceil(K/128), ceil(N/128)],
+    both contiguous fp32."""
+    kb, nb = -(-K // 128), -(-N // 128)
+    for name, t, shape in (("scale_a", scale_a, (M, kb)), ("scale_b", scale_b, (kb, nb))):
+        if t.dtype != torch.float32 or tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"scaled_mm: block scaling needs {name} as a contiguous float32 {list(shape)}, "
+                             f"got {t.dtype} {list(t.shape)} with strides {tuple(t.stride())}")
+
+
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None, scale_b: torch.Tensor,
               bias: torch.Tensor | None, out: torch.Tensor, variant: int = 0,
-              workspace: torch.Tensor | None = None) -> torch.Tensor:
+              workspace: torch.Tensor | None = None, block: bool = False) -> torch.Tensor:
     """out[M, N] = (scale_a * scale_b) * (a @ b) + bias, written into the preallocated `out`.
 
     a: [M, K] e4m3fn/int8 with unit column stride (any row stride); b: [K, N] column-major (w.t() of a
     row-major [N, K] weight); scale_a: fp32 with 1 or M elements; scale_b: fp32 with 1 or N elements;
     bias: None or [N] in out's dtype; out: [M, N] bf16/fp16 with unit column stride.
     W8A16 (sm_90a): a bf16/fp16, b e4m3fn, scale_a None, out in a's dtype.
+    block=True (sm_90a, e4m3fn): scale_a [M, ceil(K/128)], scale_b [ceil(K/128), ceil(N/128)].
     `workspace` (uint8 CUDA tensor) overrides the split-K scratch this function would allocate.
     """
     lib = _need()
@@ -233,10 +260,14 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None, sc
     if (scale_a is not None and scale_a.dtype != torch.float32) or scale_b.dtype != torch.float32:
         raise TypeError("scaled_mm: scale_a and scale_b must be float32")
     na, nb = (1 if scale_a is None else scale_a.numel()), scale_b.numel()
-    if na not in (1, M) or nb not in (1, N):
+    if block:
+        if scale_a is None:
+            raise ValueError("scaled_mm: block scaling needs scale_a")
+        _block_scales(scale_a, scale_b, M, N, K)
+    elif na not in (1, M) or nb not in (1, N):
         raise ValueError(f"scaled_mm: scale_a needs 1 or M={M} elements (got {na}), "
                          f"scale_b 1 or N={N} (got {nb})")
-    if (na > 1 and not scale_a.is_contiguous()) or (nb > 1 and not scale_b.is_contiguous()):
+    elif (na > 1 and not scale_a.is_contiguous()) or (nb > 1 and not scale_b.is_contiguous()):
         raise ValueError("scaled_mm: per-row / per-column scales must be contiguous")
     if bias is not None and (bias.numel() != N or not bias.is_contiguous() or bias.dtype != out.dtype):
         raise ValueError(f"scaled_mm: bias must be a contiguous [{N}] tensor of {out.dtype}")
@@ -244,19 +275,20 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None, sc
     ldb = b.stride(1)
     ldo = out.stride(0) if M > 1 else N
     ac, bc, oc = _code(a, "a"), _code(b, "b"), _code(out, "out")
-    kind_a = _SCALE_ROW if na > 1 else _SCALE_TENSOR
-    kind_b = _SCALE_ROW if nb > 1 else _SCALE_TENSOR
+    kind_a = _SCALE_BLOCK if block else _SCALE_ROW if na > 1 else _SCALE_TENSOR
+    kind_b = _SCALE_BLOCK if block else _SCALE_ROW if nb > 1 else _SCALE_TENSOR
     if M == 0:
         return out
     with _on_device(a.device) as dev:
         stream = torch.cuda.current_stream(dev).cuda_stream
         if workspace is None:
-            key = (dev, M, N, K, ac, oc, variant)
+            key = (dev, M, N, K, ac, oc, variant, block)
             need = _ws_need.get(key)
             if need is None:
                 if len(_ws_need) > _WS_CACHE_MAX:
                     _ws_need.clear()
-                need = _ws_need[key] = int(lib.qb_scaled_mm_workspace_size(M, N, K, ac, oc, int(variant)))
+                need = _ws_need[key] = (block_workspace_size(M, N, K, out.dtype, variant) if block else
+                                        int(lib.qb_scaled_mm_workspace_size(M, N, K, ac, oc, int(variant))))
             if need:
                 workspace = torch.empty(need, dtype=torch.uint8, device=a.device)
         ws_ptr = workspace.data_ptr() if workspace is not None else None
@@ -335,6 +367,15 @@ def config_names(a_dtype: torch.dtype, variant: int) -> list[str]:
     code = _DTYPE[a_dtype]
     return [lib.qb_scaled_mm_config_name(code, variant, i).decode()
             for i in range(lib.qb_scaled_mm_config_count(code, variant))]
+
+
+def block_config_names(variant: int = 90) -> list[str]:
+    """Tuning: the block-scaled family's configs, index = config id for override()."""
+    lib = _need()
+    if not hasattr(lib, "qb_scaled_mm_block_config_count"):
+        return []
+    return [lib.qb_scaled_mm_block_config_name(variant, i).decode()
+            for i in range(lib.qb_scaled_mm_block_config_count(variant))]
 
 
 def auto_config(M: int, N: int, K: int, a_dtype: torch.dtype = torch.float8_e4m3fn, variant: int = 90,

@@ -51,6 +51,10 @@ class Problem:
     static: bool = False
     has_scale_ub: bool = False
     group: int = 0                  # scale group size along K (and N) for group/block scales, else 0
+    # What the group/block scales' shapes cover: (columns of a per scale_a group, rows of b per scale_b
+    # block, columns of b per scale_b block); () when neither is grouped. A count of 1 covers the
+    # whole dimension, so e.g. [Kb, N] block scales give (.., .., 1).
+    group_extents: tuple = ()
 
     @property
     def weight_only(self) -> bool:

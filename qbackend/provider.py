@@ -66,7 +66,10 @@ class Rule:
             span = (f"sm_{lo}+" if self.max_sm is None else f"sm_{lo} only" if self.max_sm == lo
                     else f"sm_{lo} to sm_{self.max_sm}")
             if not (sm is not None and lo <= sm <= (self.forceable_max_sm or 0)):
-                return 3, f"serves {span}{why}; device is {device.arch}", False
+                # A rule that takes everything but the arch explains better than one for this arch
+                # that does not take the problem.
+                fits = self._problem_mismatch(p)[1] is None
+                return (7 if fits else 3), f"serves {span}{why}; device is {device.arch}", False
             outside = f"serves {span}{why}; device is {device.arch}; force it with QBACKEND_PROVIDER"
         # Forcing lifts the backend and arch range only: every check below still holds for a forced
         # provider.

@@ -223,8 +223,14 @@ def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size_: int
             _fail(fn, "bias", "must be contiguous", f"stride {bias.stride(0)}")
 
     grouped = ga is G.GROUP or gb is G.BLOCK
+    extents = ()
+    if grouped:
+        a_k = group_size(K, scale_a.shape[-1], group_size_) if ga is G.GROUP else 0
+        b_k, b_n = ((group_size(K, scale_b.shape[0], group_size_), group_size(N, scale_b.shape[1], group_size_))
+                    if gb is G.BLOCK else (0, 0))
+        extents = (a_k, b_k, b_n)
     return Problem(Op.SCALED_MM, a.dtype, b.dtype, out_dtype, ga, gb, bias is not None,
-                   alignment(K), alignment(N), group=group_size_ if grouped else 0)
+                   alignment(K), alignment(N), group=group_size_ if grouped else 0, group_extents=extents)
 
 
 def quantize_scale_shape(x: torch.Tensor, granularity: str, group: int, block: tuple) -> tuple:

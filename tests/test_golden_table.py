@@ -17,7 +17,7 @@ EXPECTED = {
     "sm_80": (T, T, M, C, T),
     "sm_86": (T, T, M, C, T),
     "sm_89": (C, C, M, C, T),
-    "sm_90": (C, C, C, C, T),
+    "sm_90": (C, C, C, C, C),
     "sm_100": (C, C, M, C, T),
     "gfx942": (H, T, T, T, T),
     "gfx950": (H, T, T, T, T),
@@ -48,7 +48,8 @@ def test_specific_reasons(table):
     assert "fp8 tensor cores" in table["sm_86"]["fp8_w8a8_per_token_channel"][1]["cutlass"]
     assert "runs on cuda" in table["gfx942"]["fp8_w8a16"][1]["marlin"]
     assert "scale_a granularity token" in table["gfx942"]["fp8_w8a8_per_token_channel"][1]["hipblaslt"]
-    assert "group" in table["sm_90"]["fp8_block"][1]["cutlass"]
+    # Block-scaled FP8 is native on sm_90 only (its kernels are sm_90a machine code).
+    assert "sm_90 only" in table["sm_100"]["fp8_block"][1]["cutlass"]
     # The torch provider is tried after every native one: where they serve, its verdict is ok too.
     assert "torch" not in table["sm_90"]["fp8_w8a16"][1]
     # On the CPU it runs only when forced.
@@ -67,7 +68,7 @@ def test_torch_provider_names_its_path():
         assert "-> torch: ok: torch._int_mm" in explain("int8_w8a8", device)
         assert "-> torch: ok: operands dequantized to bfloat16" in explain("fp8_w8a16", device)
         assert "-> torch: ok: operands dequantized to bfloat16" in explain("fp8_block", device)
-    assert "-> torch: ok: torch.nn.functional.scaled_mm with 1x128 and 128x128 block scales" in \
+    assert "torch: ok: torch.nn.functional.scaled_mm with 1x128 and 128x128 block scales" in \
         explain("fp8_block", probe.simulated("sm_90"))
 
 

@@ -32,6 +32,9 @@ const Variant kVariants[] = {
 #ifdef QB_HAS_SCALED_MM_W8A16_90
     {"scaled_mm_w8a16", QB_VARIANT_SM90},
 #endif
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
+    {"scaled_mm_fp8_block", QB_VARIANT_SM90},
+#endif
 #ifdef QB_HAS_SCALED_MM_INT8_90
     {"scaled_mm_int8", QB_VARIANT_SM90},
 #endif
@@ -60,7 +63,8 @@ const Variant kVariants[] = {
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-const char* kOps[] = {"scaled_mm_fp8", "scaled_mm_int8", "scaled_mm_w8a16", "quantize", "marlin"};
+const char* kOps[] = {"scaled_mm_fp8", "scaled_mm_fp8_block", "scaled_mm_int8", "scaled_mm_w8a16", "quantize",
+                      "marlin"};
 
 // Appends to buf at *pos, never past buf_len - 1; keeps the string NUL-terminated.
 void put(char* buf, size_t buf_len, size_t* pos, const char* s) {

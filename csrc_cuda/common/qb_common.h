@@ -56,6 +56,7 @@ struct ScaledMmArgs {
   int64_t M, N, K;
   int a_dtype;             // QB_E4M3, QB_I8, or QB_BF16 / QB_F16 (W8A16)
   int out_dtype;           // QB_BF16 or QB_F16
+  bool block_scaled;       // QB_SCALE_BLOCK: scale_a [M, ceil(K/128)], scale_b [ceil(K/128), ceil(N/128)]
   const float* scale_a;    // [1] or [M]; NULL for W8A16 (16-bit a)
   bool scale_a_per_row;    // true: [M]
   const float* scale_b;    // [1] or [N]
@@ -93,6 +94,12 @@ int sm90_w8a16_scaled_mm(const ScaledMmArgs& args, const Err& err);
 size_t sm90_w8a16_workspace(const ScaledMmArgs& args);
 int sm90_w8a16_config_count();
 const char* sm90_w8a16_config_name(int config);
+
+// Block-scaled FP8 on sm_90a (args.block_scaled).
+int sm90_fp8_block_scaled_mm(const ScaledMmArgs& args, const Err& err);
+size_t sm90_fp8_block_workspace(const ScaledMmArgs& args);
+int sm90_fp8_block_config_count();
+const char* sm90_fp8_block_config_name(int config);
 
 int sm89_fp8_scaled_mm(const ScaledMmArgs& args, const Err& err);
 size_t sm89_fp8_workspace(const ScaledMmArgs& args);

@@ -31,8 +31,12 @@ const char* dtype_name(int d) {
 // W8A16: 16-bit activations with an e4m3 weight (the only mixed pair).
 bool is_w8a16(int a_dtype) { return a_dtype == QB_BF16 || a_dtype == QB_F16; }
 
-bool built(int a_dtype, int variant) {
-  if (is_w8a16(a_dtype)) {
+bool built(int a_dtype, int variant, bool block = false) {
+  if (block) {
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
+    if (variant == QB_VARIANT_SM90 && a_dtype == QB_E4M3) return true;
+#endif
+  } else if (is_w8a16(a_dtype)) {
 #ifdef QB_HAS_SCALED_MM_W8A16_90
     if (variant == QB_VARIANT_SM90) return true;
 #endif
@@ -60,15 +64,17 @@ bool built(int a_dtype, int variant) {
 bool runs_on(int variant, int cc) { return variant == QB_VARIANT_SM90 ? cc == 90 : cc >= variant; }
 
 // AUTO -> the best family compiled for this device; a forced variant is checked, not changed.
-int resolve_variant(int a_dtype, int variant, int cc, const qb::Err& err, int* out) {
+int resolve_variant(int a_dtype, bool block, int variant, int cc, const qb::Err& err, int* out) {
+  const char* what = block ? "block-scaled e4m3" : dtype_name(a_dtype);
   if (variant == QB_VARIANT_AUTO) {
     static const int kFp8Order[] = {QB_VARIANT_SM90, QB_VARIANT_SM89};
     static const int kInt8Order[] = {QB_VARIANT_SM80, QB_VARIANT_SM75};
-    static const int kW8A16Order[] = {QB_VARIANT_SM90};
-    const int* order = is_w8a16(a_dtype) ? kW8A16Order : a_dtype == QB_E4M3 ? kFp8Order : kInt8Order;
-    const int count = is_w8a16(a_dtype) ? 1 : 2;
+    static const int kSm90Only[] = {QB_VARIANT_SM90};
+    const bool sm90_only = block || is_w8a16(a_dtype);
+    const int* order = sm90_only ? kSm90Only : a_dtype == QB_E4M3 ? kFp8Order : kInt8Order;
+    const int count = sm90_only ? 1 : 2;
     for (int i = 0; i < count; ++i) {
-      if (built(a_dtype, order[i]) && runs_on(order[i], cc)) {
+      if (built(a_dtype, order[i], block) && runs_on(order[i], cc)) {
         *out = order[i];
         return QB_OK;
       }
@@ -76,15 +82,15 @@ int resolve_variant(int a_dtype, int variant, int cc, const qb::Err& err, int* o
     return err.set(QB_ERR_UNSUPPORTED,
                    "qb_scaled_mm: no %s kernel in this library runs on compute capability %d.%d "
                    "(fp8 needs 8.9+ with the sm89/sm90 families built, int8 7.5+ with sm75/sm80, "
-                   "w8a16 9.0 with sm90)",
-                   dtype_name(a_dtype), cc / 10, cc % 10);
+                   "w8a16 and block-scaled fp8 9.0 with sm90)",
+                   what, cc / 10, cc % 10);
   }
   if (variant != QB_VARIANT_SM90 && variant != QB_VARIANT_SM89 && variant != QB_VARIANT_SM80 &&
       variant != QB_VARIANT_SM75)
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: unknown variant %d", variant);
-  if (!built(a_dtype, variant))
+  if (!built(a_dtype, variant, block))
     return err.set(QB_ERR_NOT_BUILT, "qb_scaled_mm: variant %d for %s was not compiled into this library", variant,
-                   dtype_name(a_dtype));
+                   what);
   if (!runs_on(variant, cc))
     return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: variant %d cannot run on compute capability %d.%d", variant,
                    cc / 10, cc % 10);
@@ -95,7 +101,11 @@ int resolve_variant(int a_dtype, int variant, int cc, const qb::Err& err, int* o
 size_t family_workspace(int variant, const qb::ScaledMmArgs& a) {
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
-    case QB_VARIANT_SM90: return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_workspace(a) : qb::sm90_fp8_workspace(a);
+    case QB_VARIANT_SM90:
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
+      if (a.block_scaled) return qb::sm90_fp8_block_workspace(a);
+#endif
+      return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_workspace(a) : qb::sm90_fp8_workspace(a);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
     case QB_VARIANT_SM89: return qb::sm89_fp8_workspace(a);
@@ -114,6 +124,9 @@ int family_run(int variant, const qb::ScaledMmArgs& a, const qb::Err& err) {
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
     case QB_VARIANT_SM90:
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
+      if (a.block_scaled) return qb::sm90_fp8_block_scaled_mm(a, err);
+#endif
       return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_scaled_mm(a, err) : qb::sm90_fp8_scaled_mm(a, err);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
@@ -130,7 +143,11 @@ int family_run(int variant, const qb::ScaledMmArgs& a, const qb::Err& err) {
 }
 
 // Rules on sizes and codes alone (no pointers): shared by the call and the workspace query.
-int check_shape(int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int out_dtype, const qb::Err& err) {
+int check_shape(int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int out_dtype, const qb::Err& err,
+                bool block = false) {
+  if (block && (a_dtype != QB_E4M3 || b_dtype != QB_E4M3))
+    return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: block scaling (QB_SCALE_BLOCK) takes e4m3 a and b, not %s x %s",
+                   dtype_name(a_dtype), dtype_name(b_dtype));
   if (is_w8a16(a_dtype)) {
     if (b_dtype != QB_E4M3)
       return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: with %s activations (W8A16) b_dtype (%s) must be e4m3",
@@ -162,8 +179,9 @@ int check_shape(int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int o
     return err.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm: M, N and K must each be < 2^31");
   if (K % 16 != 0)
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: K (=%lld) must be a multiple of 16", (long long)K);
-  // 16-byte output rows of the transposed W8A16 product need N % 8; the W8A8 kernels' tiles need N % 16.
-  const int n_align = is_w8a16(a_dtype) ? 8 : 16;
+  // 16-byte output rows of the transposed W8A16 and block-scaled products need N % 8; the other W8A8
+  // kernels' tiles need N % 16.
+  const int n_align = is_w8a16(a_dtype) || block ? 8 : 16;
   if (N % n_align != 0)
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: N (=%lld) must be a multiple of %d", (long long)N,
                    n_align);
@@ -172,13 +190,14 @@ int check_shape(int64_t M, int64_t N, int64_t K, int a_dtype, int b_dtype, int o
 
 // The shape, device and tuning part of a call's arguments, and the family that will run it: shared by
 // the call itself and by the workspace-size query, which must plan exactly the same launch.
-int plan(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldo, int a_dtype, int out_dtype,
-         int variant, const qb::Err& err, qb::ScaledMmArgs* args, int* fam) {
+int plan(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldo, int a_dtype, bool block,
+         int out_dtype, int variant, const qb::Err& err, qb::ScaledMmArgs* args, int* fam) {
   qb::DeviceInfo dev;
   int st = qb::current_device(&dev, err);
   if (st != QB_OK) return st;
-  if ((st = resolve_variant(a_dtype, variant, dev.cc, err, fam)) != QB_OK) return st;
+  if ((st = resolve_variant(a_dtype, block, variant, dev.cc, err, fam)) != QB_OK) return st;
   *args = qb::ScaledMmArgs{};
+  args->block_scaled = block;
   args->M = M;
   args->N = N;
   args->K = K;
@@ -201,13 +220,18 @@ int scaled_mm_impl(const void* a, int64_t lda, const void* b, int64_t ldb, void*
                    int scale_a_kind, const float* scale_b, int scale_b_kind, const void* bias, int variant,
                    void* workspace, size_t workspace_size, void* stream, const qb::Err& err) {
   if (err.buf && err.len) err.buf[0] = '\0';
-  int st = check_shape(M, N, K, a_dtype, b_dtype, out_dtype, err);
+  if (scale_a_kind != QB_SCALE_TENSOR && scale_a_kind != QB_SCALE_ROW && scale_a_kind != QB_SCALE_BLOCK)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: scale_a_kind %d must be 0 (tensor), 1 (row) or 2 (block)",
+                   scale_a_kind);
+  if (scale_b_kind != QB_SCALE_TENSOR && scale_b_kind != QB_SCALE_ROW && scale_b_kind != QB_SCALE_BLOCK)
+    return err.set(QB_ERR_INVALID_ARGUMENT,
+                   "qb_scaled_mm: scale_b_kind %d must be 0 (tensor), 1 (column) or 2 (block)", scale_b_kind);
+  const bool block = scale_a_kind == QB_SCALE_BLOCK || scale_b_kind == QB_SCALE_BLOCK;
+  if (block && scale_a_kind != scale_b_kind)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: block scaling sets both scale kinds to 2 (block), got %d and %d",
+                   scale_a_kind, scale_b_kind);
+  int st = check_shape(M, N, K, a_dtype, b_dtype, out_dtype, err, block);
   if (st != QB_OK) return st;
-  if (scale_a_kind != QB_SCALE_TENSOR && scale_a_kind != QB_SCALE_ROW)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: scale_a_kind %d must be 0 (tensor) or 1 (row)", scale_a_kind);
-  if (scale_b_kind != QB_SCALE_TENSOR && scale_b_kind != QB_SCALE_ROW)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: scale_b_kind %d must be 0 (tensor) or 1 (column)",
-                   scale_b_kind);
   if (M == 0) return QB_OK;  // empty [0, K] tensors may carry NULL data pointers: nothing to read or write
 
   if (a == nullptr || b == nullptr || out == nullptr || scale_b == nullptr)
@@ -237,7 +261,7 @@ int scaled_mm_impl(const void* a, int64_t lda, const void* b, int64_t ldb, void*
 
   qb::ScaledMmArgs args;
   int fam = 0;
-  if ((st = plan(M, N, K, lda, ldb, ldo, a_dtype, out_dtype, variant, err, &args, &fam)) != QB_OK) return st;
+  if ((st = plan(M, N, K, lda, ldb, ldo, a_dtype, block, out_dtype, variant, err, &args, &fam)) != QB_OK) return st;
   args.a = a;
   args.b = b;
   args.out = out;
@@ -289,8 +313,34 @@ extern "C" size_t qb_scaled_mm_workspace_size(int64_t M, int64_t N, int64_t K, i
   if (check_shape(M, N, K, a_dtype, b_dtype, out_dtype, none) != QB_OK || M == 0) return 0;
   qb::ScaledMmArgs args;
   int fam = 0;
-  if (plan(M, N, K, K, K, N, a_dtype, out_dtype, variant, none, &args, &fam) != QB_OK) return 0;
+  if (plan(M, N, K, K, K, N, a_dtype, false, out_dtype, variant, none, &args, &fam) != QB_OK) return 0;
   return family_workspace(fam, args);
+}
+
+extern "C" size_t qb_scaled_mm_block_workspace_size(int64_t M, int64_t N, int64_t K, int out_dtype, int variant) {
+  const qb::Err none{nullptr, 0};
+  if (check_shape(M, N, K, QB_E4M3, QB_E4M3, out_dtype, none, true) != QB_OK || M == 0) return 0;
+  qb::ScaledMmArgs args;
+  int fam = 0;
+  if (plan(M, N, K, K, K, N, QB_E4M3, true, out_dtype, variant, none, &args, &fam) != QB_OK) return 0;
+  return family_workspace(fam, args);
+}
+
+extern "C" int qb_scaled_mm_block_config_count(int variant) {
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
+  if (variant == QB_VARIANT_SM90) return qb::sm90_fp8_block_config_count();
+#endif
+  (void)variant;
+  return 0;
+}
+
+extern "C" const char* qb_scaled_mm_block_config_name(int variant, int config) {
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
+  if (variant == QB_VARIANT_SM90) return qb::sm90_fp8_block_config_name(config);
+#endif
+  (void)variant;
+  (void)config;
+  return nullptr;
 }
 
 extern "C" int qb_scaled_mm_config_count(int a_dtype, int variant) {

@@ -39,7 +39,11 @@ typedef enum qb_dtype {
 /* How a scale vector covers its operand. */
 typedef enum qb_scale_kind {
   QB_SCALE_TENSOR = 0, /* one fp32 value */
-  QB_SCALE_ROW = 1     /* scale_a: one per row of A ([M], per-token); scale_b: one per column of B ([N], per-channel) */
+  QB_SCALE_ROW = 1,    /* scale_a: one per row of A ([M], per-token); scale_b: one per column of B ([N], per-channel) */
+  QB_SCALE_BLOCK = 2   /* block scaling (DeepSeek-style), e4m3 only, set for both scales at once: scale_a
+                          [M, ceil(K/128)] row-major (1 x 128 groups along each row of A), scale_b
+                          [ceil(K/128), ceil(N/128)] row-major (128 x 128 blocks of B); see
+                          qb_scaled_mm_block_workspace_size */
 } qb_scale_kind;
 
 /* Kernel family to run. QB_VARIANT_AUTO picks the best one compiled for the current device. The
@@ -95,6 +99,15 @@ int qb_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_t ldb, void
                     const float* scale_a, int scale_a_kind, const float* scale_b, int scale_b_kind,
                     const void* bias, int variant, void* workspace, size_t workspace_size, void* stream,
                     char* err, size_t err_len);
+
+/* Block scaling (QB_SCALE_BLOCK, ABI 1 addition): qb_scaled_mm / qb_scaled_mm_ws with both scale
+ * kinds QB_SCALE_BLOCK run the block-scaled FP8 family (sm_90a only; K a multiple of 16, N of 8;
+ * K and N need not be multiples of 128: the last group or block may be partial). The products of
+ * each 128-deep K block are scaled and summed in fp32 (no fast-accumulation drift). Its workspace
+ * query and its configs (for qb_scaled_mm_override) are these: */
+size_t qb_scaled_mm_block_workspace_size(int64_t M, int64_t N, int64_t K, int out_dtype, int variant);
+int qb_scaled_mm_block_config_count(int variant);
+const char* qb_scaled_mm_block_config_name(int variant, int config);
 
 /* Tuning and tests only. Kernel configs of a (resolved, non-AUTO) variant for a dtype: their
  * count, and their names (NULL past the end). qb_scaled_mm_override forces, for the calling

@@ -23,6 +23,7 @@
 #include <cutlass/gemm/kernel/tile_scheduler_params.h>
 #include <cutlass/util/packed_stride.hpp>
 
+#include "cutlass_launch.cuh"
 #include "fp8_sm90_configs.h"
 
 // Programmatic launches (below) are safe only if CUTLASS's producers wait for the previous grid.
@@ -158,20 +159,7 @@ struct Fp8Gemm {
     args.hw_info.device_id = 0;  // only used for queries we answer ourselves via sm_count
     args.hw_info.sm_count = p.sm_count;
 
-    args.scheduler.max_swizzle_size = o.swizzle;
-    if constexpr (kStreamK) {
-      using Mode = cutlass::gemm::kernel::detail::DecompositionMode;
-      auto& s = args.scheduler;
-      // Deterministic: partial tiles are summed in a fixed order, so results do not vary run to run.
-      s.reduction_mode = cutlass::gemm::kernel::detail::ReductionMode::Deterministic;
-      s.splits = 1;
-      switch (o.decomp) {
-        case Decomp::DataParallel: s.decomposition_mode = Mode::DataParallel; break;
-        case Decomp::SplitK: s.decomposition_mode = Mode::SplitK; s.splits = o.splits; break;
-        case Decomp::StreamK: s.decomposition_mode = Mode::StreamK; break;
-        case Decomp::Heuristic: s.decomposition_mode = Mode::Heuristic; break;
-      }
-    }
+    set_schedule<kStreamK>(args.scheduler, o);
     return args;
   }
 
@@ -179,30 +167,8 @@ struct Fp8Gemm {
     return Gemm::get_workspace_size(make_args(p, o));
   }
 
-  // can_implement -> workspace check -> initialize -> run, each failure reported, never thrown.
   static int run(const ScaledMmArgs& p, const RunOpts& o, const Err& err, const char* name) {
-    typename Gemm::Arguments args = make_args(p, o);
-    cutlass::Status st = Gemm::can_implement(args);
-    if (st != cutlass::Status::kSuccess)
-      return err.set(QB_ERR_UNSUPPORTED, "sm90 fp8 config %s cannot implement M=%lld N=%lld K=%lld: %s", name,
-                     (long long)p.M, (long long)p.N, (long long)p.K, cutlass::cutlassGetStatusString(st));
-    const size_t ws = Gemm::get_workspace_size(args);
-    if (ws > 0 && (p.workspace == nullptr || p.workspace_size < ws))
-      return err.set(QB_ERR_INVALID_ARGUMENT, "sm90 fp8 config %s needs %zu bytes of workspace, got %zu", name, ws,
-                     p.workspace ? p.workspace_size : size_t(0));
-    Gemm gemm;
-    st = gemm.initialize(args, ws ? p.workspace : nullptr, p.stream);
-    if (st != cutlass::Status::kSuccess) {
-      cudaError_t e = cudaGetLastError();
-      return err.set(QB_ERR_CUDA, "sm90 fp8 config %s: CUTLASS initialize failed: %s (CUDA: %s)", name,
-                     cutlass::cutlassGetStatusString(st), cudaGetErrorString(e));
-    }
-    st = gemm.run(p.stream, /*cuda_adapter=*/nullptr, o.programmatic);
-    cudaError_t e = cudaGetLastError();
-    if (st != cutlass::Status::kSuccess || e != cudaSuccess)
-      return err.set(QB_ERR_CUDA, "sm90 fp8 config %s: kernel launch failed: %s (CUDA: %s)", name,
-                     cutlass::cutlassGetStatusString(st), cudaGetErrorString(e));
-    return QB_OK;
+    return launch_gemm<Gemm>(make_args(p, o), p, o.programmatic, err, "fp8", name);
   }
 };
 

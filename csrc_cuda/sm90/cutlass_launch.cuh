@@ -1,0 +1,59 @@
+// cutlass_launch.cuh: what every SM90 CUTLASS 3.x kernel family does the same way around its GEMM:
+// the tile scheduler's work decomposition, and the checked can_implement -> workspace -> initialize
+// -> run sequence that reports each failure through Err instead of throwing.
+#pragma once
+
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/kernel/tile_scheduler_params.h>
+
+#include "fp8_sm90_configs.h"
+
+namespace qb::sm90 {
+
+// Tile swizzle for every scheduler; for the stream-K scheduler also the decomposition chosen by the
+// dispatcher. Partial tiles are summed in a fixed order (deterministic), so results do not vary run
+// to run.
+template <bool kStreamK, class SchedulerArgs>
+void set_schedule(SchedulerArgs& s, const RunOpts& o) {
+  s.max_swizzle_size = o.swizzle;
+  if constexpr (kStreamK) {
+    using Mode = cutlass::gemm::kernel::detail::DecompositionMode;
+    s.reduction_mode = cutlass::gemm::kernel::detail::ReductionMode::Deterministic;
+    s.splits = 1;
+    switch (o.decomp) {
+      case Decomp::DataParallel: s.decomposition_mode = Mode::DataParallel; break;
+      case Decomp::SplitK: s.decomposition_mode = Mode::SplitK; s.splits = o.splits; break;
+      case Decomp::StreamK: s.decomposition_mode = Mode::StreamK; break;
+      case Decomp::Heuristic: s.decomposition_mode = Mode::Heuristic; break;
+    }
+  }
+}
+
+// Runs one CUTLASS GEMM on p.stream; `family` and `name` only label error messages.
+template <class Gemm>
+int launch_gemm(const typename Gemm::Arguments& args, const ScaledMmArgs& p, bool programmatic, const Err& err,
+                const char* family, const char* name) {
+  cutlass::Status st = Gemm::can_implement(args);
+  if (st != cutlass::Status::kSuccess)
+    return err.set(QB_ERR_UNSUPPORTED, "sm90 %s config %s cannot implement M=%lld N=%lld K=%lld: %s", family, name,
+                   (long long)p.M, (long long)p.N, (long long)p.K, cutlass::cutlassGetStatusString(st));
+  const size_t ws = Gemm::get_workspace_size(args);
+  if (ws > 0 && (p.workspace == nullptr || p.workspace_size < ws))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "sm90 %s config %s needs %zu bytes of workspace, got %zu", family, name,
+                   ws, p.workspace ? p.workspace_size : size_t(0));
+  Gemm gemm;
+  st = gemm.initialize(args, ws ? p.workspace : nullptr, p.stream);
+  if (st != cutlass::Status::kSuccess) {
+    cudaError_t e = cudaGetLastError();
+    return err.set(QB_ERR_CUDA, "sm90 %s config %s: CUTLASS initialize failed: %s (CUDA: %s)", family, name,
+                   cutlass::cutlassGetStatusString(st), cudaGetErrorString(e));
+  }
+  st = gemm.run(p.stream, /*cuda_adapter=*/nullptr, programmatic);
+  cudaError_t e = cudaGetLastError();
+  if (st != cutlass::Status::kSuccess || e != cudaSuccess)
+    return err.set(QB_ERR_CUDA, "sm90 %s config %s: kernel launch failed: %s (CUDA: %s)", family, name,
+                   cutlass::cutlassGetStatusString(st), cudaGetErrorString(e));
+  return QB_OK;
+}
+
+}  // namespace qb::sm90
