@@ -41,7 +41,7 @@ from qbackend.scales import expand, group_size
 from qbackend.weights import PreparedWeight
 
 from . import torch_paths as tp
-from .reference import W8A8_PAIRS, W8A16_PAIRS, dynamic_scale, saturate_cast
+from .reference import W8A8_PAIRS, W8A16_PAIRS, checked_scale, dynamic_scale, saturate_cast
 
 GPU = frozenset({"cuda", "hip"})
 CPU = frozenset({"cpu"})
@@ -322,8 +322,10 @@ class TorchProvider(Provider):
     def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):
         xf = x.float()
         if scale is None:
-            scale = dynamic_scale(xf, dtype, granularity, scale_ub, group_size, block_size)
-        q = saturate_cast(_broadcast_divide(xf, scale.float(), granularity, group_size, block_size), dtype)
+            scale = divisor = dynamic_scale(xf, dtype, granularity, scale_ub, group_size, block_size)
+        else:
+            divisor = checked_scale(scale.float())
+        q = saturate_cast(_broadcast_divide(xf, divisor, granularity, group_size, block_size), dtype)
         return q, scale
 
     def info(self):
