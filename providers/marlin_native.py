@@ -26,6 +26,8 @@ import threading
 
 import torch
 
+from qbackend import bounded
+
 from . import native
 
 __all__ = ["VARIANT_AUTO", "VARIANT_SM80", "VARIANT_SM75", "load", "load_error", "has_variant",
@@ -39,7 +41,7 @@ _lib = None              # native's handle, once the marlin entry points are bou
 _bind_error = None
 _workspaces: dict = {}   # device index -> zeroed uint8 tensor (never freed: graphs may hold it)
 _retired: list = []      # outgrown workspaces, kept alive for the graphs that captured them
-_ws_need: dict = {}      # (device index, N, K) -> bytes
+_ws_need = bounded.cache("marlin.workspace_sizes", 4096)   # (device index, N, K) -> bytes
 _DEFAULT_N = 1 << 20     # default workspaces are sized for any N up to this (counters are 4 B / 128 rows)
 
 
@@ -119,7 +121,7 @@ def workspace_bytes(N: int, K: int, device=None) -> int:
             n = int(_require().qb_marlin_workspace_bytes(int(N), int(K)))
         if n == 0:
             raise RuntimeError(f"qbackend marlin: no workspace size for N={N}, K={K} on {dev}")
-        _ws_need[key] = n
+        _ws_need.put(key, n)
     return n
 
 

@@ -32,8 +32,8 @@ import warnings
 import torch
 
 import qbackend
+from qbackend import bounded, probe
 from qbackend import dtypes as qd
-from qbackend import probe
 from qbackend.problem import Granularity as G
 from qbackend.problem import Op, Verdict
 from qbackend.provider import Provider, Rule, granularities
@@ -196,8 +196,8 @@ class TorchProvider(Provider):
                 Rule(Op.QUANTIZE, GPU, _QUANT, granularities("tensor", "token", "channel", "group", "block"),
                      forceable_backends=CPU),
             ))
-        self._paths: dict = {}       # (device key, problem) -> (path, compute dtype)
-        self._ones: dict = {}        # device -> a 1.0 fp32 scalar for unit-scale calls
+        self._paths = bounded.cache("torch.paths", 4096)   # (device key, problem) -> (path, compute dtype)
+        self._ones: dict = {}        # device -> a 1.0 fp32 scalar for unit-scale calls (one per device)
         self._warned = False
 
     def runtime_verdict(self, device, problem):
@@ -211,7 +211,8 @@ class TorchProvider(Provider):
         key = (info.key, problem)
         found = self._paths.get(key)
         if found is None:
-            found = self._paths[key] = (tp.path(info, problem), tp.compute_dtype(info, problem))
+            found = (tp.path(info, problem), tp.compute_dtype(info, problem))
+            self._paths.put(key, found)
         return found
 
     def _one(self, device: torch.device) -> torch.Tensor:
