@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
+from collections import OrderedDict
 
 import torch
 
@@ -30,6 +31,7 @@ _OCP = frozenset({(qd.E4M3, qd.E4M3), (qd.E4M3, qd.E5M2), (qd.E5M2, qd.E4M3)})
 
 MISSING_BINDINGS = "hip-python's hipblaslt bindings are not installed (pip install hip-python)"
 WORKSPACE_BYTES = 32 * 1024 * 1024
+PLANS_MAX = 1024  # cached hipBLASLt plans per provider (all devices), least recently used dropped first
 
 # torch dtype -> name of the hipDataType enumerator.
 _HIP_DTYPE = {
@@ -121,7 +123,9 @@ class HipBlasLtProvider(Provider):
         self._lock = threading.Lock()
         self._handles = {}          # device -> hipblasLtHandle_t
         self._workspaces = {}       # device -> uint8 tensor of WORKSPACE_BYTES
-        self._plans = {}            # (device, dtypes, shape, strides, bias) -> _Plan
+        # (device, dtypes, M, N, K, strides, bias) -> _Plan, least recently used first; at most
+        # PLANS_MAX (a server's changing batch sizes would otherwise grow it without end)
+        self._plans = OrderedDict()
 
     @property
     def bindings(self):
@@ -172,6 +176,7 @@ class HipBlasLtProvider(Provider):
         key = (a.device, a.dtype, b.dtype, out_dtype, bias is not None, M, N, K, a.stride(0), b.stride(1))
         plan = self._plans.get(key)
         if plan is not None:
+            self._plans.move_to_end(key)
             self._set_pointers(plan.desc, scale_a, scale_b, bias)
             return plan
         hb = self.bindings
@@ -231,7 +236,22 @@ class HipBlasLtProvider(Provider):
             raise RuntimeError(f"qbackend hipblaslt: the chosen algorithm needs {plan.workspace_size} bytes of "
                                f"workspace, more than the {WORKSPACE_BYTES} allocated")
         self._plans[key] = plan
+        while len(self._plans) > PLANS_MAX:
+            self._destroy(self._plans.popitem(last=False)[1])
         return plan
+
+    def _destroy(self, plan: _Plan) -> None:
+        """Free a dropped plan's descriptors. Called under self._lock, so no call is between
+        setting its pointers and enqueueing it; hipBLASLt reads descriptors when a matmul is
+        enqueued, so calls already on a stream are not affected."""
+        hb = self.bindings
+        destroy_desc = getattr(hb, "hipblasLtMatmulDescDestroy", None)
+        destroy_layout = getattr(hb, "hipblasLtMatrixLayoutDestroy", None)
+        if destroy_desc is not None:
+            destroy_desc(plan.desc)
+        if destroy_layout is not None:
+            for layout in (plan.layout_a, plan.layout_b, plan.layout_d):
+                destroy_layout(layout)
 
     def _set_pointers(self, desc, scale_a, scale_b, bias):
         # Device pointers to the fp32 per-tensor scales. hipBLASLt's A is our b and its B our a

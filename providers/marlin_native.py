@@ -12,12 +12,13 @@ bit placements), so a weight is prepared for the dtype it will be multiplied wit
 tensor's dtype records which: uint8 for float16 activations, int8 for bfloat16; mm refuses the other.
 
 `mm` never synchronizes and is CUDA-graph capturable. Split-K launches need a zeroed workspace
-(tile counters the kernel returns to zero, plus partial sums). By default one workspace per device
-is created, zeroed, at the first eager call and kept for good (graphs may hold its address); it is
-shared by every call on that device, so calls that may run CONCURRENTLY on different streams must
-each pass their own `workspace=new_workspace(N, K, device)`. Make one eager call before capturing
-(the usual warm-up): a call captured before any eager one gets a workspace of its own whose zeroing
-is recorded in the graph.
+(tile counters the kernel returns to zero, plus partial sums). By default one workspace per (device,
+stream) is created, zeroed, at the first eager call on that stream and kept for good (graphs may
+hold its address): calls on one stream run one after the other and share it, calls on different
+streams (several threads, each with its own stream) never do. Make one eager call per stream before
+capturing (the usual warm-up): a call captured before any eager one on its stream gets a workspace
+of its own whose zeroing is recorded in the graph. `workspace=new_workspace(N, K, device)` passes
+one explicitly.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ import ctypes
 import threading
 
 import torch
+
+from qbackend import bounded
 
 from . import native
 
@@ -37,9 +40,9 @@ _SCALE_TENSOR, _SCALE_ROW = 0, 1
 _lock = threading.Lock()
 _lib = None              # native's handle, once the marlin entry points are bound on it
 _bind_error = None
-_workspaces: dict = {}   # device index -> zeroed uint8 tensor (never freed: graphs may hold it)
+_workspaces: dict = {}   # (device index, stream handle) -> zeroed uint8 tensor (never freed: graphs may hold it)
 _retired: list = []      # outgrown workspaces, kept alive for the graphs that captured them
-_ws_need: dict = {}      # (device index, N, K) -> bytes
+_ws_need = bounded.cache("marlin.workspace_sizes", 4096)   # (device index, N, K) -> bytes
 _DEFAULT_N = 1 << 20     # default workspaces are sized for any N up to this (counters are 4 B / 128 rows)
 
 
@@ -119,7 +122,7 @@ def workspace_bytes(N: int, K: int, device=None) -> int:
             n = int(_require().qb_marlin_workspace_bytes(int(N), int(K)))
         if n == 0:
             raise RuntimeError(f"qbackend marlin: no workspace size for N={N}, K={K} on {dev}")
-        _ws_need[key] = n
+        _ws_need.put(key, n)
     return n
 
 
@@ -128,8 +131,9 @@ def new_workspace(N: int, K: int, device) -> torch.Tensor:
     return torch.zeros(workspace_bytes(N, K, device), dtype=torch.uint8, device=device)
 
 
-def _default_workspace(N: int, K: int, dev: torch.device) -> torch.Tensor:
-    ws = _workspaces.get(dev.index)
+def _default_workspace(N: int, K: int, dev: torch.device, stream: int) -> torch.Tensor:
+    key = (dev.index, stream)
+    ws = _workspaces.get(key)
     need = workspace_bytes(N, K, dev)
     if ws is not None and ws.numel() >= need:
         return ws
@@ -139,12 +143,13 @@ def _default_workspace(N: int, K: int, dev: torch.device) -> torch.Tensor:
         return torch.zeros(need, dtype=torch.uint8, device=dev)
     size = max(need, workspace_bytes(max(N, _DEFAULT_N), max(K, 128), dev))
     with _lock:
-        ws = _workspaces.get(dev.index)
+        ws = _workspaces.get(key)
         if ws is None or ws.numel() < need:
             if ws is not None:
                 _retired.append(ws)
+            # Zeroed on this stream, the one whose calls will use it: no other stream's ordering needed.
             ws = torch.zeros(size, dtype=torch.uint8, device=dev)
-            _workspaces[dev.index] = ws
+            _workspaces[key] = ws
     return ws
 
 
@@ -262,7 +267,7 @@ def mm(a: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, bias, out: 
     try:
         stream = torch.cuda.current_stream(dev).cuda_stream
         if workspace is None:
-            workspace = _default_workspace(N, K, dev)
+            workspace = _default_workspace(N, K, dev, stream)
         elif _cuda_device_of(workspace, "workspace") != dev or workspace.dtype != torch.uint8:
             raise ValueError("marlin mm: workspace must be a uint8 tensor on a's device (see new_workspace)")
         buf = native._errbuf()

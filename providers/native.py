@@ -22,6 +22,8 @@ import threading
 
 import torch
 
+from qbackend import bounded
+
 __all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75",
            "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
            "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size",
@@ -44,7 +46,8 @@ _lib = None
 _load_error: str | None = None
 _tried = False
 _tls = threading.local()   # per-thread error buffer
-_ws_need: dict = {}        # (device, M, N, K, a code, out code, variant) -> workspace bytes
+# (device, M, N, K, a code, out code, variant) -> workspace bytes
+_ws_need = bounded.cache("native.workspace_sizes", _WS_CACHE_MAX)
 
 
 def library_path() -> str:
@@ -285,10 +288,9 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None, sc
             key = (dev, M, N, K, ac, oc, variant, block)
             need = _ws_need.get(key)
             if need is None:
-                if len(_ws_need) > _WS_CACHE_MAX:
-                    _ws_need.clear()
-                need = _ws_need[key] = (block_workspace_size(M, N, K, out.dtype, variant) if block else
-                                        int(lib.qb_scaled_mm_workspace_size(M, N, K, ac, oc, int(variant))))
+                need = (block_workspace_size(M, N, K, out.dtype, variant) if block else
+                        int(lib.qb_scaled_mm_workspace_size(M, N, K, ac, oc, int(variant))))
+                _ws_need.put(key, need)
             if need:
                 workspace = torch.empty(need, dtype=torch.uint8, device=a.device)
         ws_ptr = workspace.data_ptr() if workspace is not None else None

@@ -107,18 +107,30 @@ def _expand_like(scale: torch.Tensor, x: torch.Tensor, granularity: str, block: 
 
 def saturate_cast(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """fp32 -> dtype: fp8 rounds to nearest even after clamping to +-qmax; int8 rounds half to
-    even and saturates to [-128, 127]."""
+    even and saturates to [-128, 127]. A NaN becomes the format's NaN with the sign bit clear
+    (0x7F in e4m3fn and e5m2, 0x80 in the fnuz formats) and 0 in int8 (which has no NaN): the
+    sign of a NaN quotient is not the same on every device, so it is dropped."""
+    nan = torch.isnan(v)
     if dtype == torch.int8:
-        return torch.round(v).clamp(qd.INT8_MIN, qd.INT8_MAX).to(torch.int8)
+        return torch.round(v).clamp(qd.INT8_MIN, qd.INT8_MAX).masked_fill(nan, 0.0).to(torch.int8)
     qmax = qd.qmax(dtype)
-    return v.clamp(-qmax, qmax).to(dtype)
+    return v.clamp(-qmax, qmax).masked_fill(nan, math.nan).to(dtype)
+
+
+def checked_scale(scale: torch.Tensor) -> torch.Tensor:
+    """A static scale (or scale_ub) with every value that is not positive and finite replaced by
+    NaN. On the host such scales are refused before this point; on a device, where checking
+    would cost a sync, the NaN makes the q they give NaN (0 in int8), as the CUDA kernels do."""
+    return torch.where((scale > 0) & torch.isfinite(scale), scale, math.nan)
 
 
 def dynamic_scale(xf, dtype, granularity, scale_ub, group, block) -> torch.Tensor:
-    """max(min(amax, scale_ub) / qmax, min_scale) over each granule of the fp32 input."""
+    """max(min(amax, scale_ub) / qmax, min_scale) over each granule of the fp32 input. NaN
+    propagates: torch's amax, minimum and clamp keep it, so a granule holding a NaN (or a
+    scale_ub that is NaN) gets a NaN scale; an inf gives an inf scale."""
     amax = _amax(xf, granularity, group, block)
     if scale_ub is not None:
-        amax = torch.minimum(amax, scale_ub.reshape(()))
+        amax = torch.minimum(amax, checked_scale(scale_ub.float().reshape(())))
     # Tensor / tensor division: IEEE-rounded on every device (torch turns division by a
     # Python scalar into multiplication by its reciprocal on CUDA, which can differ by 1 ulp).
     qmax = torch.full_like(amax, qd.qmax(dtype))
@@ -128,8 +140,10 @@ def dynamic_scale(xf, dtype, granularity, scale_ub, group, block) -> torch.Tenso
 def reference_quantize(x, dtype, granularity, scale, scale_ub, group, block):
     xf = x.float()
     if scale is None:
-        scale = dynamic_scale(xf, dtype, granularity, scale_ub, group, block)
-    q = saturate_cast(xf / _expand_like(scale.float(), xf, granularity, block), dtype)
+        scale = divisor = dynamic_scale(xf, dtype, granularity, scale_ub, group, block)
+    else:
+        divisor = checked_scale(scale.float())
+    q = saturate_cast(xf / _expand_like(divisor, xf, granularity, block), dtype)
     return q, scale
 
 

@@ -32,8 +32,8 @@ import warnings
 import torch
 
 import qbackend
+from qbackend import bounded, probe
 from qbackend import dtypes as qd
-from qbackend import probe
 from qbackend.problem import Granularity as G
 from qbackend.problem import Op, Verdict
 from qbackend.provider import Provider, Rule, granularities
@@ -41,7 +41,7 @@ from qbackend.scales import expand, group_size
 from qbackend.weights import PreparedWeight
 
 from . import torch_paths as tp
-from .reference import W8A8_PAIRS, W8A16_PAIRS, dynamic_scale, saturate_cast
+from .reference import W8A8_PAIRS, W8A16_PAIRS, checked_scale, dynamic_scale, saturate_cast
 
 GPU = frozenset({"cuda", "hip"})
 CPU = frozenset({"cpu"})
@@ -196,8 +196,8 @@ class TorchProvider(Provider):
                 Rule(Op.QUANTIZE, GPU, _QUANT, granularities("tensor", "token", "channel", "group", "block"),
                      forceable_backends=CPU),
             ))
-        self._paths: dict = {}       # (device key, problem) -> (path, compute dtype)
-        self._ones: dict = {}        # device -> a 1.0 fp32 scalar for unit-scale calls
+        self._paths = bounded.cache("torch.paths", 4096)   # (device key, problem) -> (path, compute dtype)
+        self._ones: dict = {}        # device -> a 1.0 fp32 scalar for unit-scale calls (one per device)
         self._warned = False
 
     def runtime_verdict(self, device, problem):
@@ -211,7 +211,8 @@ class TorchProvider(Provider):
         key = (info.key, problem)
         found = self._paths.get(key)
         if found is None:
-            found = self._paths[key] = (tp.path(info, problem), tp.compute_dtype(info, problem))
+            found = (tp.path(info, problem), tp.compute_dtype(info, problem))
+            self._paths.put(key, found)
         return found
 
     def _one(self, device: torch.device) -> torch.Tensor:
@@ -322,8 +323,10 @@ class TorchProvider(Provider):
     def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):
         xf = x.float()
         if scale is None:
-            scale = dynamic_scale(xf, dtype, granularity, scale_ub, group_size, block_size)
-        q = saturate_cast(_broadcast_divide(xf, scale.float(), granularity, group_size, block_size), dtype)
+            scale = divisor = dynamic_scale(xf, dtype, granularity, scale_ub, group_size, block_size)
+        else:
+            divisor = checked_scale(scale.float())
+        q = saturate_cast(_broadcast_divide(xf, divisor, granularity, group_size, block_size), dtype)
         return q, scale
 
     def info(self):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import threading
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -270,7 +271,8 @@ def probe_gpu(index: int = 0) -> DeviceInfo | None:
     return None
 
 
-_cache: dict = {}
+_cache: dict = {}   # (device type, index) or None (the default device) -> DeviceInfo: one per device
+_cache_lock = threading.RLock()
 
 
 def device_info(device=None) -> DeviceInfo:
@@ -284,8 +286,18 @@ def device_info(device=None) -> DeviceInfo:
     else:
         device = torch.device(device)
         key = (device.type, device.index)
-    if key in _cache:
-        return _cache[key]
+    found = _cache.get(key)
+    if found is not None:
+        return found
+    # Probed once per device: threads that ask together wait for the first one's answer.
+    with _cache_lock:
+        found = _cache.get(key)
+        if found is None:
+            found = _cache[key] = _probe(device, key)
+    return found
+
+
+def _probe(device, key) -> DeviceInfo:
     if key is None:
         info = probe_gpu(0) or replace(cpu_info(), notes=_last_notes)
     elif device.type == "cpu" or device.type == "meta":
@@ -296,9 +308,9 @@ def device_info(device=None) -> DeviceInfo:
             raise RuntimeError(f"qbackend: no probe could identify {device}")
     else:
         info = DeviceInfo(device.type, device.index, device.type, device.type, probe="none")
-    _cache[key] = info
     return info
 
 
 def reset() -> None:
-    _cache.clear()
+    with _cache_lock:
+        _cache.clear()

@@ -6,7 +6,9 @@ Order of decision for one (device, problem):
      or merely 'forceable', e.g. marlin on sm_90); problems it cannot run go on to step 3;
   3. the `qbackend_select` hook may name a provider;
   4. otherwise the first provider in priority order whose verdict is ok.
-The decision is cached, so the per-call cost is one dict lookup.
+The decision is cached, so the per-call cost is one lookup in a bounded cache (DECISIONS_MAX
+entries, least recently used dropped first; the key is (device, Problem), and a Problem holds no
+sizes, only dtypes, granularities, alignment classes and the group size).
 """
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ import threading
 import warnings
 from dataclasses import dataclass
 
-from . import fallback, plugins, probe
+from . import bounded, fallback, plugins, probe
 from .probe import DeviceInfo
 from .problem import Problem, Verdict
 
 FORCE_ENV = "QBACKEND_PROVIDER"
 DISABLE_ENV = "QBACKEND_DISABLE"
+DECISIONS_MAX = 4096
 
 
 class NoProviderError(RuntimeError):
@@ -57,9 +60,9 @@ class Registry:
         if self.forced and self.forced not in self.providers:
             raise NoProviderError(f"{FORCE_ENV}={self.forced}: no such provider "
                                   f"(known: {', '.join(self.providers)})")
-        self._cache: dict = {}
-        self._warned: set = set()   # (device key, problem) whose reference fallback was reported
-        self._lock = threading.Lock()
+        self._cache = bounded.cache("registry.decisions", DECISIONS_MAX)   # (device key, problem) -> Decision
+        # (device key, problem) whose reference fallback was reported
+        self._warned = bounded.cache("registry.warned", DECISIONS_MAX)
 
     def verdicts(self, device: DeviceInfo, problem: Problem) -> tuple:
         out = []
@@ -77,11 +80,8 @@ class Registry:
     def decide(self, device: DeviceInfo, problem: Problem) -> Decision:
         key = (device.key, problem)
         decision = self._cache.get(key)
-        if decision is not None:
-            return decision
-        with self._lock:
-            decision = self._decide(device, problem)
-            self._cache[key] = decision
+        if decision is None:  # decided once per key, even when threads ask at the same time
+            decision = self._cache.get_or_make(key, lambda: self._decide(device, problem))
         return decision
 
     def _decide(self, device: DeviceInfo, problem: Problem) -> Decision:
@@ -114,7 +114,7 @@ class Registry:
         # Only calls warn; selection queries (qbackend info, selection_table) only report.
         if device.backend in ("cuda", "hip") and not device.simulated and decision.name == "reference" \
                 and decision.how == "priority" and (device.key, problem) not in self._warned:
-            self._warned.add((device.key, problem))
+            self._warned.put((device.key, problem), True)
             warnings.warn(fallback.message(device, problem, decision), stacklevel=3)
 
     def select(self, device: DeviceInfo, problem: Problem):

@@ -233,6 +233,19 @@ def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size_: int
                    alignment(K), alignment(N), group=group_size_ if grouped else 0, group_extents=extents)
 
 
+def _check_positive_finite(fn: str, arg: str, s: torch.Tensor):
+    """Refuse a scale holding 0, a negative or a non-finite value, where that costs no device
+    sync: on the CPU. A scale on a GPU is not read here; the kernels turn such a value into a NaN
+    scale instead (see docs/api.md, "Non-finite values")."""
+    if s.device.type != "cpu" or _is_fake(s) or s.numel() == 0:
+        return
+    bad = ~((s > 0) & torch.isfinite(s))
+    if bool(bad.any()):
+        first = s.reshape(-1)[bad.reshape(-1)][0].item()
+        _fail(fn, arg, "must be positive and finite (a scale of 0, a negative or a non-finite one "
+              "quantizes to nothing usable)", f"{int(bad.sum())} such value(s), the first {first}")
+
+
 def quantize_scale_shape(x: torch.Tensor, granularity: str, group: int, block: tuple) -> tuple:
     shape = tuple(int(d) for d in x.shape)
     if granularity == "tensor":
@@ -281,12 +294,14 @@ def validate_quantize(x, dtype, granularity, scale, scale_ub, group_size_, block
             _fail(fn, "scale", f"shape must be {list(want)} for {granularity} granularity", _shape(scale))
         if scale_ub is not None:
             _fail(fn, "scale_ub", "applies to dynamic quantization only (scale was given)", "both")
+        _check_positive_finite(fn, "scale", scale)
     if scale_ub is not None:
         _check_scale_tensor(fn, "scale_ub", scale_ub, x)
         if granularity not in ("tensor", "token"):
             _fail(fn, "scale_ub", "applies to per-tensor and per-token quantization only", granularity)
         if scale_ub.numel() != 1:
             _fail(fn, "scale_ub", "must hold one value", _shape(scale_ub))
+        _check_positive_finite(fn, "scale_ub", scale_ub)
     return Problem(Op.QUANTIZE, x.dtype, dtype, None, G(granularity), G.NONE, False,
                    alignment(cols), 16 if (cols <= 1 or x.stride(-1) == 1) else 1,
                    scale is not None, scale_ub is not None)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import bounded, probe, registry
 from . import dtypes as qd
-from . import probe, registry
 from .problem import Problem
 from .validate import WeightSpec, _fail, validate_scaled_mm
 
@@ -100,7 +100,8 @@ def prepare_weight(w_q: torch.Tensor, w_scale: torch.Tensor, activation: torch.d
     return prepared
 
 
-_verdicts: dict = {}   # (device, problem, provider) -> Verdict: the per-call check is a lookup
+# (device key, problem, provider name, registry id) -> Verdict: the per-call check is a lookup
+_verdicts = bounded.cache("linear.verdicts", 4096)
 
 
 def linear_impl(a, pw_data, pw_scale, pw_aux, scale_a, bias, provider_name, layout, N, K, dtype,
@@ -120,7 +121,8 @@ def linear_impl(a, pw_data, pw_scale, pw_aux, scale_a, bias, provider_name, layo
     key = (device.key, problem, provider_name, id(reg))
     verdict = _verdicts.get(key)
     if verdict is None:
-        verdict = _verdicts[key] = provider.supports(device, problem)
+        verdict = provider.supports(device, problem)
+        _verdicts.put(key, verdict)
     if not (verdict.ok or verdict.forceable):
         raise ValueError(f"qbackend.linear: the weight was prepared for {provider_name}, which "
                          f"cannot serve {problem.describe()}: {verdict.reason}")

@@ -4,6 +4,12 @@
 //   q = saturate(x / scale): IEEE fp32 division (see Divisor: exact, without a division per
 //   element), clamp to [-qmax, qmax], then fp8 round-to-nearest-even or int8 rint (half to even)
 //   clamped to [-128, 127]; dynamic scale = max(min(amax, *scale_ub) / qmax, 1 / (qmax * 512)).
+// Non-finite values follow docs/api.md ("Non-finite values"): the amax propagates NaN (a granule
+// holding a NaN gets a NaN scale), an inf gives an inf scale (its finite values become +-0, the
+// infinities NaN), a NaN quantizes to 0x7F (e4m3 and e5m2: the sign is dropped, as the reference
+// does) and to 0 in int8; a static scale or scale_ub that is not a positive finite number makes
+// the scale NaN (and +-inf, 0 or a negative one too), so an invalid scale on the device shows in
+// q without a host sync.
 // Layout: x[r * ldx + c], q[r * ldq + c]. Rows whose pointer and stride allow it are moved in
 // 16-byte loads (VEC elements); anything else takes the same kernels with VEC = 1.
 //
@@ -105,11 +111,20 @@ __device__ __forceinline__ Divisor make_divisor(float s) {
   return Divisor{s, __frcp_rn(s), a >= 0x1p-60f && a <= 0x1p60f};  // fast is false for NaN
 }
 
+// The byte every NaN quantizes to: the positive NaN of e4m3fn and e5m2 (what torch writes for a
+// NaN with the sign bit clear), and 0 for int8, which has no NaN.
+template <int QD>
+__device__ __forceinline__ uint8_t nan_byte() {
+  return QD == QB_I8 ? 0 : 0x7F;
+}
+
 // One element, already divided: saturate and convert to the storage byte of the quantized type.
 // fp8: the .satfinite conversion maps every finite value beyond qmax to +-qmax, which is exactly
-// what clamping to [-qmax, qmax] before rounding gives (and keeps NaN a NaN, like torch.clamp).
+// what clamping to [-qmax, qmax] before rounding gives; a NaN is written as nan_byte (the
+// conversion's own NaN may carry the input's sign or another payload).
 template <int QD>
 __device__ __forceinline__ uint8_t quantize_one(float v) {
+  if (isnan(v)) return nan_byte<QD>();
   if constexpr (QD == QB_I8) {
     v = rintf(v);  // round half to even, like torch.round
     v = fminf(fmaxf(v, -128.0f), 127.0f);
@@ -125,17 +140,38 @@ __device__ __forceinline__ uint16_t quantize_two(float a, float b) {
   if constexpr (QD == QB_I8) {
     return static_cast<uint16_t>(quantize_one<QD>(a) | (uint16_t(quantize_one<QD>(b)) << 8));
   } else {
-    return static_cast<uint16_t>(
+    uint16_t two = static_cast<uint16_t>(
         __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, QD == QB_E4M3 ? __NV_E4M3 : __NV_E5M2));
+    if (isnan(a)) two = static_cast<uint16_t>((two & 0xFF00u) | nan_byte<QD>());
+    if (isnan(b)) two = static_cast<uint16_t>((two & 0x00FFu) | (nan_byte<QD>() << 8));
+    return two;
   }
 }
 
+// max(m, a) for m and a non-negative or NaN (sign bit clear), with NaN winning: such floats order
+// like their bit patterns, and every NaN pattern lies above +inf. fmaxf would drop the NaN.
+__device__ __forceinline__ float nan_max(float m, float a) {
+  return __uint_as_float(max(__float_as_uint(m), __float_as_uint(a)));
+}
+
+// A static scale (or scale_ub) that is not positive and finite (NaN, +-inf, 0, negative) becomes
+// NaN, so that every q it gives is NaN (0 in int8): the host cannot refuse it without a sync.
+__device__ __forceinline__ float checked_static_scale(float s) {
+  return (s > 0.0f && s < INFINITY) ? s : __uint_as_float(0x7FC00000u);
+}
+
+// Comparisons instead of fminf / fmaxf so that a NaN amax stays NaN (torch.minimum and torch.clamp
+// propagate it); a scale_ub that is not positive and finite gives a NaN scale.
 template <int QD>
 __device__ __forceinline__ float scale_from_amax(float amax, const float* scale_ub) {
   constexpr float qmax = QTraits<QD>::qmax;
-  if (scale_ub != nullptr) amax = fminf(amax, *scale_ub);
+  if (scale_ub != nullptr) {
+    const float ub = checked_static_scale(*scale_ub);
+    amax = isnan(ub) ? ub : (amax > ub ? ub : amax);
+  }
   const float min_scale = 1.0f / (qmax * 512.0f);  // constant-folded, exact fp32 rounding of 1/(qmax*512)
-  return fmaxf(__fdiv_rn(amax, qmax), min_scale);
+  const float s = __fdiv_rn(amax, qmax);
+  return s < min_scale ? min_scale : s;
 }
 
 // VEC consecutive input elements, loaded as one access when VEC * sizeof(T) is 16 bytes.
@@ -186,21 +222,23 @@ __device__ __forceinline__ void store_once(V* p, const V& v) {
   }
 }
 
-// max(m, |x|) over a vector. 16-bit inputs are compared as packed pairs in their own type (a max
-// picks one of its inputs, so this is exact) and kept packed, which also keeps the register cache
-// of the per-token kernels at 4 registers per vector.
+// max(m, |x|) over a vector, NaN winning (nan_max). 16-bit inputs are compared as packed pairs in
+// their own type (a max picks one of its inputs, so this is exact; the _nan form returns NaN when
+// either input is one) and kept packed, which also keeps the register cache of the per-token
+// kernels at 4 registers per vector. fabsf clears the sign of a NaN, as nan_max needs.
 template <typename T, int VEC>
 __device__ __forceinline__ float vec_amax(const Vec<T, VEC>& x, float m) {
   if constexpr (std::is_same_v<T, float> || VEC == 1) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_f32(x.v[j])));
+    for (int j = 0; j < VEC; ++j) m = nan_max(m, fabsf(to_f32(x.v[j])));
   } else {
     using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
     const T2* p = reinterpret_cast<const T2*>(x.v);
     T2 acc = __habs2(p[0]);
 #pragma unroll
-    for (int j = 1; j < VEC / 2; ++j) acc = __hmax2(acc, __habs2(p[j]));
-    m = fmaxf(m, fmaxf(to_f32(__low2half_or_bf16(acc)), to_f32(__high2half_or_bf16(acc))));
+    for (int j = 1; j < VEC / 2; ++j) acc = __hmax2_nan(acc, __habs2(p[j]));
+    m = nan_max(m, fabsf(to_f32(__low2half_or_bf16(acc))));
+    m = nan_max(m, fabsf(to_f32(__high2half_or_bf16(acc))));
   }
   return m;
 }
@@ -221,17 +259,17 @@ __device__ __forceinline__ void vec_store(const Vec<T, VEC>& x, const Divisor& d
   store_once(reinterpret_cast<QVec<VEC>*>(dst), q);
 }
 
-// Max over the block; every thread gets the result. `red` holds one float per warp.
+// Max over the block (NaN winning); every thread gets the result. `red` holds one float per warp.
 __device__ __forceinline__ float block_max(float m, float* red) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  for (int o = 16; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) red[warp] = m;
   __syncthreads();
   const int nwarps = (blockDim.x + 31) >> 5;
   m = lane < nwarps ? red[lane] : 0.0f;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  for (int o = 16; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o));
   return m;
 }
 
@@ -380,7 +418,7 @@ __global__ void __launch_bounds__(256) elementwise_kernel(const T* __restrict__ 
     scale = scale_from_amax<QD>(__uint_as_float(*amax_bits), scale_ub);
     if (scale_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *scale_out = scale;
   } else {
-    scale = *scale_in;
+    scale = checked_static_scale(*scale_in);
   }
   const Divisor div = make_divisor(scale);
   const int64_t total = rows * nvec;
@@ -391,8 +429,8 @@ __global__ void __launch_bounds__(256) elementwise_kernel(const T* __restrict__ 
   }
 }
 
-// DYNAMIC_TENSOR amax pass: non-negative floats order like their bit patterns, so an unsigned
-// atomicMax on the bits is a float max (NaN inputs are ignored by fmaxf, as in the other modes).
+// DYNAMIC_TENSOR amax pass: non-negative floats (and NaNs with the sign bit clear) order like
+// their bit patterns, so an unsigned atomicMax on the bits is a float max in which NaN wins.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256) amax_kernel(const T* __restrict__ x, int64_t ldx, int64_t rows, int64_t nvec,
                                                    unsigned* amax_bits) {

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "../common/smem_limit.h"
 #include "marlin_kernel.cuh"
 #include "qbackend_cuda.h"
@@ -102,28 +104,29 @@ inline int max_rows(int units, int KT, const MmArgs& a) {
 }
 
 // Resident blocks per multiprocessor for this kernel instance and shared-memory size (cached per
-// device: the query is host-only but not free).
+// device: the query is host-only but not free). The size and the count are one atomic 64-bit word
+// (smem << 32 | count), so a thread never reads one call's size with another call's count.
 template <int MT, bool BF16, int ARCH, int STAGES>
 inline int resident_blocks(int smem, int* out) {
-  static int cached_smem[kMaxDevices] = {0};
-  static int cached_occ[kMaxDevices] = {0};
+  static std::atomic<unsigned long long> cached[kMaxDevices];  // zero-initialized (static storage)
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   const bool cache = dev >= 0 && dev < kMaxDevices;
-  if (cache && cached_smem[dev] == smem && cached_occ[dev] > 0) {
-    *out = cached_occ[dev];
-    return cudaSuccess;
+  if (cache) {
+    const unsigned long long v = cached[dev].load(std::memory_order_relaxed);
+    if (int(v >> 32) == smem && int(v & 0xffffffffu) > 0) {
+      *out = int(v & 0xffffffffu);
+      return cudaSuccess;
+    }
   }
   int occ = 0;
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern::marlin_mm_kernel<MT, BF16, ARCH, STAGES>, kThreads,
                                                     smem);
   if (e != cudaSuccess) return e;
   if (occ < 1) occ = 1;
-  if (cache) {
-    cached_occ[dev] = occ;
-    cached_smem[dev] = smem;
-  }
+  if (cache) cached[dev].store((static_cast<unsigned long long>(unsigned(smem)) << 32) | unsigned(occ),
+                               std::memory_order_relaxed);
   *out = occ;
   return cudaSuccess;
 }
