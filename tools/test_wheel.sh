@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Install a built qbackend wheel into a fresh virtual environment and run tests against the installed
-# package (its own libqbackend_cuda.so), not against this checkout.
+# Install a built qbackend wheel apart from this checkout and run tests against the installed package
+# (its own libqbackend_cuda.so), not against the checkout.
 #
 #   bash tools/test_wheel.sh dist/qbackend-*.whl [pytest args...]
 #
 # Default tests: the CPU suite (tests/, GPU tests skip without a GPU); other pytest args replace it.
 # TORCH_SPEC picks the torch next to it:
-#   TORCH_SPEC="torch==2.13.0" (default)  pip installs that torch and the wheel's test extra (CI)
-#   TORCH_SPEC=system                      the venv sees this machine's site-packages (its torch and
-#                                          pytest) and nothing is downloaded (the GPU machine)
-# WHEEL_VENV is the venv's path (default /tmp/qbackend-wheel-venv; it is recreated).
+#   TORCH_SPEC="torch==2.13.0" (default)  a fresh venv: pip installs that torch and the wheel's test
+#                                          extra (CI)
+#   TORCH_SPEC=system                      the wheel goes into a folder put first on PYTHONPATH of this
+#                                          machine's python3 (its torch, pytest and other packages, in
+#                                          a venv or not); nothing is downloaded (the GPU machine)
+# WHEEL_VENV is that venv or folder (default /tmp/qbackend-wheel-venv; it is recreated).
+# Needs Python >= 3.11 (`python -P`).
 set -euo pipefail
 wheel=$(realpath "$1")
 shift
@@ -21,18 +24,26 @@ unset QBACKEND_CUDA_LIB
 
 rm -rf "$venv"
 if [ "$torch_spec" = system ]; then
-  python3 -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install -q --no-deps --no-index "$wheel"
-  "$venv/bin/python" -m pip install -q --no-deps --no-index --no-build-isolation ./tests/demo_provider
+  # Not a venv with --system-site-packages: that would see the base interpreter's packages, not those
+  # of the venv the machine's torch may live in.
+  python=python3
+  python3 -m pip install -q --no-deps --no-index --target "$venv" "$wheel"
+  python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$venv" ./tests/demo_provider
+  export PYTHONPATH="$venv${PYTHONPATH:+:$PYTHONPATH}"
+  site=$venv
 else
   python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install -q "$torch_spec"
-  "$venv/bin/python" -m pip install -q "$wheel[test]"
-  "$venv/bin/python" -m pip install -q --no-deps ./tests/demo_provider
+  python="$venv/bin/python"
+  "$python" -m pip install -q "$torch_spec"
+  "$python" -m pip install -q "$wheel[test]"
+  "$python" -m pip install -q --no-deps ./tests/demo_provider
+  site=$("$python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 fi
 
-# From a neutral directory: the installed package must be the one imported, with its library.
-(cd / && "$venv/bin/python" - <<'EOF'
+# -P: `python -m` would otherwise put this checkout (its qbackend/) first on sys.path.
+# The installed package must be the one imported, with its own library.
+WHEEL_SITE=$site "$python" -P - <<'PY'
+import os
 import sys
 
 import torch
@@ -42,15 +53,13 @@ from qbackend_providers import native
 
 print(f"wheel test: python {sys.version.split()[0]}, torch {torch.__version__}, qbackend from {qbackend.__file__}")
 d = native.describe()
-print(f"wheel test: libqbackend_cuda {'loaded' if d['loaded'] else 'NOT loaded'} from {d['found_in']}: {d['path']}; "
-      f"archs {' '.join(d['archs'])}")
-if not qbackend.__file__.startswith(sys.prefix) or not d["loaded"] or d["found_in"] != "package":
-    sys.exit("wheel test: the installed package or its library is not the one in use")
-EOF
-)
+print(f"wheel test: libqbackend_cuda {'loaded' if d['loaded'] else 'NOT loaded'} from {d['found_in']}: "
+      f"{d['path']}; archs {' '.join(d['archs'])}")
+if not qbackend.__file__.startswith(os.environ["WHEEL_SITE"]) or not d["loaded"] or d["found_in"] != "package":
+    sys.exit(f"wheel test: the installed package or its library is not the one in use ({d['error']})")
+PY
 
-# -I: a plain `python -m pytest` would put this checkout (its qbackend/) first on sys.path.
 if [ $# -eq 0 ]; then
   set -- tests
 fi
-"$venv/bin/python" -I -m pytest -q -p no:cacheprovider "$@"
+"$python" -P -m pytest -q -p no:cacheprovider "$@"
