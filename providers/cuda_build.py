@@ -327,7 +327,9 @@ def pending_objects(build_dir: Path) -> list:
 
 
 def _configure(source: Path, build_dir: Path, archs: list, cutlass: Path, console: Console) -> None:
-    args = ["cmake", "-S", str(source), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+    # A build directory keeps the generator it was made with; Ninja gives the dry run and the estimate.
+    generator = "Ninja" if shutil.which("ninja") else "Unix Makefiles"
+    args = ["cmake", "-S", str(source), "-B", str(build_dir), "-G", generator, "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_CUDA_COMPILER={nvcc()}", f"-DQB_CUTLASS_DIR={cutlass}", f"-DQB_CUDA_ARCHS={';'.join(archs)}"]
     launcher = compiler_launcher()
     # Empty when none is installed: a launcher cached by an earlier configure must not linger.
@@ -345,9 +347,8 @@ def _configure(source: Path, build_dir: Path, archs: list, cutlass: Path, consol
 def build(archs: list, jobs: int | None = None, build_dir: Path | None = None, dest: Path | None = None,
           source: Path | None = None) -> Path:
     """Configure (when needed) and build; copy the library into `dest`; return its path there."""
-    for tool, why in (("cmake", "pip install cmake (>= 3.25)"), ("ninja", "pip install ninja")):
-        if shutil.which(tool) is None:
-            raise BuildError(f"{tool} not found on the PATH: {why}")
+    if shutil.which("cmake") is None:
+        raise BuildError("cmake not found on the PATH: pip install cmake (3.25 or newer)")
     if nvcc() is None:
         raise BuildError("nvcc not found: install the CUDA toolkit (12.4 or newer), put nvcc on the PATH "
                          "or set CUDA_HOME")
@@ -361,8 +362,10 @@ def build(archs: list, jobs: int | None = None, build_dir: Path | None = None, d
         console.say(f"qbackend: building {LIB_NAME} for archs {';'.join(archs)} in {build_dir} "
                     f"with {jobs} jobs (log: {console.log.name})")
         _configure(source, build_dir, archs, cutlass, console)
-        pending = pending_objects(build_dir)
-        if pending:
+        pending = pending_objects(build_dir) if shutil.which("ninja") else None
+        if pending is None:
+            console.say("qbackend: no ninja, so no count of objects or estimate (pip install ninja for them)")
+        elif pending:
             known = _last_durations(build_dir)
             seconds = estimate_seconds([known.get(obj, DEFAULT_OBJECT_SECONDS) for obj in pending], jobs)
             basis = "earlier builds here" if any(obj in known for obj in pending) else \
@@ -386,7 +389,9 @@ def build(archs: list, jobs: int | None = None, build_dir: Path | None = None, d
         tmp = dest / (LIB_NAME + ".tmp")
         shutil.copy2(built, tmp)
         os.replace(tmp, target)
-        if pending:
+        if pending is None:
+            console.say(f"qbackend: built {target} in {_minutes(time.time() - t0)}")
+        elif pending:
             console.say(f"qbackend: built {target} in {_minutes(time.time() - t0)} ({_objects(len(pending))} compiled)")
         else:
             console.say(f"qbackend: {target} is up to date (nothing compiled)")
