@@ -27,8 +27,24 @@ def lint(session):
 
 @nox.session
 def build(session):
-    """Compile csrc_cuda into providers/_lib/libqbackend_cuda.so (QBACKEND_CUDA_ARCHS picks archs)."""
-    session.run("python", "tools/build_cuda.py", *session.posargs)
+    """Compile csrc_cuda into providers/_lib/libqbackend_cuda.so: `qbackend build` (incremental, in
+    build/cuda); posargs go to it, e.g. `nox -s build -- --archs all --jobs 2`."""
+    session.run("qbackend", "build", *session.posargs)
+
+
+@nox.session
+def wheel(session):
+    """A binary wheel in dist/ holding libqbackend_cuda.so for every arch family (QBACKEND_CUDA_ARCHS
+    narrows it), tagged py3-none-<platform>: the library has a C ABI and links neither Python nor
+    torch, so one file serves every CPython >= 3.9 and every torch >= 2.4. It is built from build/cuda,
+    so after `qbackend build --archs all` nothing is compiled again."""
+    import os
+    import shutil
+
+    # setuptools' staging area may hold files of an earlier wheel that the tree no longer has.
+    shutil.rmtree("build/lib", ignore_errors=True)
+    env = {"QBACKEND_BUILD_CUDA": "1", "QBACKEND_CUDA_ARCHS": os.environ.get("QBACKEND_CUDA_ARCHS") or "all"}
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", ".", *session.posargs, env=env)
 
 
 @nox.session

@@ -1,52 +1,73 @@
-"""Build hook: compile csrc_cuda into libqbackend_cuda.so when nvcc is present.
+"""Build hook: compile csrc_cuda into libqbackend_cuda.so when this machine can use it.
 
-QBACKEND_BUILD_CUDA=0 skips it (a pure-Python install: the reference provider everywhere);
-QBACKEND_BUILD_CUDA=1 makes a missing nvcc an error; unset, it builds when nvcc is found.
-QBACKEND_CUDA_ARCHS (e.g. "80;89;90a") chooses the arch families. The library lands in
-providers/_lib/ (editable installs) or the wheel's qbackend_providers/_lib/.
+By default the library is built for the families of the visible NVIDIA GPU (nvidia-smi / NVML; no
+CUDA context) and not at all without one, so a GPU-less install is pure Python and fast.
+QBACKEND_CUDA_ARCHS=all|native|"89;90a" builds those families; QBACKEND_BUILD_CUDA=1 builds every
+family when no GPU is visible and makes a missing nvcc an error; QBACKEND_BUILD_CUDA=0 never builds.
+`qbackend build` builds later, after any install. The logic is in providers/cuda_build.py.
+
+The library lands in providers/_lib/ (editable installs) or the wheel's qbackend_providers/_lib/;
+a wheel holding it is tagged py3-none-<platform> (a C ABI, no torch or Python linkage), and also
+carries csrc_cuda so that `qbackend build` can rebuild it for other archs.
 """
-import os
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 
 
-def _nvcc():
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    candidate = Path(cuda_home) / "bin" / "nvcc"
-    return str(candidate) if candidate.exists() else None
+def _load_cuda_build():
+    # By path: the package is not importable (nor is torch) in pip's build environment.
+    spec = importlib.util.spec_from_file_location("qbackend_cuda_build", ROOT / "providers" / "cuda_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def build_cuda_library(dest: Path) -> None:
-    sys.path.insert(0, str(ROOT / "tools"))
-    from build_cuda import build
+cuda_build = _load_cuda_build()
+_plan = None
 
-    build(ROOT / "csrc_cuda", ROOT / "build" / "cuda", dest, os.environ.get("QBACKEND_CUDA_ARCHS"))
+
+def cuda_plan():
+    """(archs or None, why), decided once per setup.py run."""
+    global _plan
+    if _plan is None:
+        _plan = cuda_build.install_archs()
+        archs, why = _plan
+        what = f"building the CUDA library for {';'.join(archs)}" if archs else "no CUDA library built"
+        print(f"qbackend: {what} ({why})", file=sys.stderr, flush=True)
+    return _plan
 
 
 class BuildPyWithCuda(build_py):
     def run(self):
         super().run()
-        mode = os.environ.get("QBACKEND_BUILD_CUDA", "auto").strip().lower()
-        if mode in ("0", "off", "no", "false") or not (ROOT / "csrc_cuda" / "CMakeLists.txt").exists():
-            return
-        if _nvcc() is None:
-            if mode in ("1", "on", "yes", "true"):
-                raise RuntimeError("QBACKEND_BUILD_CUDA=1 but nvcc was not found (set CUDA_HOME)")
-            return
-        if getattr(self, "editable_mode", False):
-            dest = ROOT / "providers" / "_lib"
-        else:
-            dest = Path(self.build_lib) / "qbackend_providers" / "_lib"
-        build_cuda_library(dest)
+        editable = getattr(self, "editable_mode", False)
+        package = ROOT / "providers" if editable else Path(self.build_lib) / "qbackend_providers"
+        if not editable:
+            shutil.copytree(ROOT / "csrc_cuda", package / "csrc_cuda", dirs_exist_ok=True)
+        archs, _ = cuda_plan()
+        if archs:
+            cuda_build.build(archs, build_dir=ROOT / "build" / "cuda", dest=package / "_lib",
+                             source=ROOT / "csrc_cuda")
 
 
-setup(cmdclass={"build_py": BuildPyWithCuda})
+class BdistWheel(bdist_wheel):
+    """py3-none-<platform> when the wheel holds the library: it runs on any CPython and any torch."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = not cuda_plan()[0]
+
+    def get_tag(self):
+        python, abi, plat = super().get_tag()
+        return ("py3", "none", plat) if not self.root_is_pure else (python, abi, plat)
+
+
+setup(cmdclass={"build_py": BuildPyWithCuda, "bdist_wheel": BdistWheel})

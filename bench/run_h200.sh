@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qsweep|bench|qbackend_bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck]...
+#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qsweep|bench|qbackend_bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
-# providers/_lib/libqbackend_cuda.so (tools/build_cuda.py) or $QBACKEND_CUDA_LIB. Each step has its
+# providers/_lib/libqbackend_cuda.so (`qbackend build`) or $QBACKEND_CUDA_LIB. Each step has its
 # own time limit and a failing step does not stop the rest.
+# wheel:     the newest dist/qbackend-*-py3-none-linux_x86_64.whl (built on the CPU machine by
+#            `nox -s wheel`; carry dist/) installed into a venv next to this machine's torch, GPU tests.
+# buildtime: a from-scratch build of every family and of sm_90a alone, 16 jobs, no compiler cache.
 set -u
 OUT=${RESULTS_DIR:-/tmp/qb_out}
 mkdir -p "$OUT"
@@ -84,6 +87,20 @@ for step in $steps; do
     racecheck)  # shared-memory hazards and barrier misuse in the marlin and scaled_mm kernels
       timeout 240 compute-sanitizer --tool racecheck python3 tests/gpu/memcheck_native.py marlin scaled_mm 2>&1 | tail -4
       timeout 240 compute-sanitizer --tool synccheck python3 tests/gpu/memcheck_native.py marlin scaled_mm 2>&1 | tail -4 ;;
+    wheel)
+      whl=$(ls -t dist/qbackend-*-py3-none-linux_x86_64.whl | head -1)
+      echo "wheel: $whl"
+      TORCH_SPEC=system timeout 560 bash tools/test_wheel.sh "$whl" -W ignore::UserWarning tests/test_native_abi.py \
+        tests/gpu/test_native_quantize.py tests/gpu/test_native_scaled_mm.py tests/gpu/test_native_marlin.py \
+        tests/gpu/test_core_gpu.py 2>&1 | tee "$OUT/wheel_gpu_h200.log" | tail -30 ;;
+    buildtime)  # throw-away build dirs; CUTLASS from the installed nvidia-cutlass
+      for archs in all 90a; do
+        rm -rf "/tmp/qb_buildtime_$archs"
+        t1=$(date +%s)
+        QBACKEND_COMPILER_LAUNCHER=none timeout 540 python3 -m qbackend build --archs "$archs" --jobs 16 \
+          --build-dir "/tmp/qb_buildtime_$archs" --dest "/tmp/qb_buildtime_$archs/lib" 2>&1 | grep -E "^qbackend|error"
+        echo "buildtime: --archs $archs --jobs 16 on $(nproc) cores: $(( $(date +%s) - t1 )) s"
+      done 2>&1 | tee "$OUT/buildtime_h200.log" ;;
   esac
   echo "== step $step took $(( $(date +%s) - t0 )) s"
 done

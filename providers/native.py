@@ -2,9 +2,12 @@
 (csrc_cuda/include/qbackend_cuda.h).
 
 The one loader of the library (marlin_native binds its entry points on this same handle). The
-library is looked up at $QBACKEND_CUDA_LIB, else at
-providers/_lib/libqbackend_cuda.so next to this module. Importing never raises: `load()` returns the
-handle or None, `load_error()` says why not. Loading makes no CUDA call (no context is created).
+library is $QBACKEND_CUDA_LIB when that is set (and nothing else then: a wrong path is an error, not a
+reason to load another build), else the first of _lib/libqbackend_cuda.so next to this module (what
+the install or `qbackend build` put in the package) and ~/.cache/qbackend/lib/libqbackend_cuda.so
+(where `qbackend build` puts it when the package is not writable). Importing never raises: `load()`
+returns the handle or None, `load_error()` says why not. Loading makes no CUDA call (no context is
+created).
 
     scaled_mm(a, b, scale_a, scale_b, bias, out)   # out[M, N] = scale_a * scale_b * (a @ b) + bias
     quantize(x2d, q, scale, mode, scale_ub, workspace)
@@ -24,9 +27,11 @@ import torch
 
 from qbackend import bounded
 
+from . import cuda_build
+
 __all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75",
            "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
-           "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size",
+           "library_candidates", "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size",
            "block_workspace_size", "block_config_names", "quantize",
            "quantize_workspace_size", "quantize_override", "config_names", "auto_config", "token_rows",
            "override", "set_programmatic_launch"]
@@ -41,18 +46,36 @@ _STATUS = {0: "QB_OK", 1: "QB_ERR_INVALID_ARGUMENT", 2: "QB_ERR_UNSUPPORTED", 3:
 _ERR_LEN = 1024
 _WS_CACHE_MAX = 4096
 
+# What `qbackend info` says to run when the library did not load.
+BUILD_HINT = ("qbackend build  (for this machine's GPU; --archs all without one; needs nvcc, CMake, Ninja and "
+              f"{cuda_build.CUTLASS_PIN}: pip install 'qbackend[cuda]')")
+
 _lock = threading.Lock()
 _lib = None
 _load_error: str | None = None
 _tried = False
 _tls = threading.local()   # per-thread error buffer
-# (device, M, N, K, a code, out code, variant) -> workspace bytes
+# (device, M, N, K, a code, out code, variant, block scaling) -> workspace bytes
 _ws_need = bounded.cache("native.workspace_sizes", _WS_CACHE_MAX)
 
 
+def library_candidates() -> list:
+    """[(where, path)] in search order: ("QBACKEND_CUDA_LIB", path) alone when it is set, else the
+    package's copy and the per-user cache's."""
+    if os.environ.get("QBACKEND_CUDA_LIB"):
+        return [("QBACKEND_CUDA_LIB", os.environ["QBACKEND_CUDA_LIB"])]
+    return [("package", str(cuda_build.package_lib_dir() / cuda_build.LIB_NAME)),
+            ("cache", str(cuda_build.cache_lib_dir() / cuda_build.LIB_NAME))]
+
+
+def _found() -> tuple:
+    """(where, path) of the library to load: the first candidate that exists, else the first one."""
+    candidates = library_candidates()
+    return next(((w, p) for w, p in candidates if os.path.exists(p)), candidates[0])
+
+
 def library_path() -> str:
-    return os.environ.get("QBACKEND_CUDA_LIB") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "_lib", "libqbackend_cuda.so")
+    return _found()[1]
 
 
 def _bind(lib) -> None:
@@ -106,12 +129,13 @@ def load():
         return _lib
     with _lock:
         if not _tried:
-            path = library_path()
+            where, path = _found()
             try:
                 if not os.path.exists(path):
-                    if os.environ.get("QBACKEND_CUDA_LIB"):
+                    if where == "QBACKEND_CUDA_LIB":
                         raise OSError(f"QBACKEND_CUDA_LIB={path}: no such file")
-                    raise OSError(f"not found: {path} (build csrc_cuda or set QBACKEND_CUDA_LIB)")
+                    searched = " or ".join(p for _, p in library_candidates())
+                    raise OSError(f"not found: {searched} (run `qbackend build`, or set QBACKEND_CUDA_LIB)")
                 lib = ctypes.CDLL(path)
                 _bind(lib)
                 if os.environ.get("QBACKEND_CUDA_PDL", "1").strip() == "0":
@@ -173,14 +197,20 @@ def build_info() -> dict:
 
 
 def describe() -> dict:
-    """For `qbackend info`: {"name", "path", "loaded", "archs", "error"}."""
+    """For `qbackend info`: {"name", "path", "found_in", "loaded", "archs", "error"}, and when the
+    library did not load, "hint" (what to run) and "build_log" (the last build's log, if any)."""
     lib = load()
-    d = {"name": "libqbackend_cuda", "path": library_path(), "loaded": lib is not None, "archs": [],
-         "error": _load_error}
+    where, path = _found()
+    d = {"name": "libqbackend_cuda", "path": path, "found_in": where, "loaded": lib is not None,
+         "archs": [], "error": _load_error}
     if lib is not None:
         info = build_info()
         d["archs"] = info.get("archs", [])
         d["variants"] = info.get("variants", {})
+    else:
+        d["hint"] = BUILD_HINT
+        logs = [str(p) for p in cuda_build.build_log_candidates() if p.exists()]
+        d["build_log"] = logs[0] if logs else None
     return d
 
 

@@ -1,4 +1,5 @@
-"""`qbackend` command line: `info` (what this machine runs, and why), `explain`, `convert`, `bench`."""
+"""`qbackend` command line: `info` (what this machine runs, and why), `explain`, `convert`, `bench`,
+`build` (the native library, after a pure-Python install)."""
 from __future__ import annotations
 
 import argparse
@@ -93,7 +94,12 @@ def _print_info(r: dict) -> None:
         archs = " ".join(lib.get("archs") or []) or "-"
         extra = f"  ({lib['error']})" if lib.get("error") else ""
         built = f"  [counts as built for {lib['counts_as_built_for']}]" if lib.get("counts_as_built_for") else ""
-        print(f"  {lib['name']}: {state}; path {lib.get('path') or '-'}; archs {archs}{extra}{built}")
+        found_in = f" (from {lib['found_in']})" if lib.get("loaded") and lib.get("found_in") else ""
+        print(f"  {lib['name']}: {state}{found_in}; path {lib.get('path') or '-'}; archs {archs}{extra}{built}")
+        if lib.get("hint"):
+            print(f"    to build it: {lib['hint']}")
+        if lib.get("build_log"):
+            print(f"    last build log: {lib['build_log']}")
     print("providers (priority order):")
     for p in r["providers"]:
         mark = "yes" if p["available"] else "no "
@@ -136,6 +142,26 @@ def _cmd_explain(args) -> int:
     return 0
 
 
+def _cmd_build(args) -> int:
+    from qbackend_providers import cuda_build
+
+    try:
+        requested = args.archs or os.environ.get("QBACKEND_CUDA_ARCHS")
+        if requested:
+            archs = cuda_build.parse_archs(requested)
+        else:
+            archs = cuda_build.gpu_archs()
+            if not archs:
+                raise cuda_build.BuildError("no NVIDIA GPU is visible here, so there is no default arch: "
+                                            "pass --archs all (every family) or a list such as --archs '89;90a'")
+        path = cuda_build.build(archs, jobs=args.jobs, build_dir=args.build_dir, dest=args.dest)
+    except cuda_build.BuildError as exc:
+        print(f"qbackend build: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"qbackend build: {path} is ready; `qbackend info` shows what loads it")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qbackend", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -148,6 +174,17 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("kinds", nargs="*", help="problem kinds (default: all)")
     explain.add_argument("--simulate", metavar="ARCH")
     explain.set_defaults(func=_cmd_explain)
+    build = sub.add_parser("build", help="compile the native CUDA library (incremental; needs nvcc, CMake, Ninja "
+                           "and the `cuda` extra's nvidia-cutlass)")
+    build.add_argument("--archs", help="'all', 'native' or a list of 75;80;89;90a (default: $QBACKEND_CUDA_ARCHS, "
+                       "else the families of the visible GPU)")
+    build.add_argument("--jobs", type=int,
+                       help="parallel compile jobs (default: $QBACKEND_BUILD_JOBS, else the CPU count)")
+    build.add_argument("--build-dir", help="CMake build directory (default: build/cuda in a checkout, "
+                       "else ~/.cache/qbackend/build)")
+    build.add_argument("--dest", help="where the library goes (default: the package when writable, "
+                       "else ~/.cache/qbackend/lib; both are searched by the loader)")
+    build.set_defaults(func=_cmd_build)
     try:
         from .convert import add_convert_subcommand
     except ImportError:

@@ -52,8 +52,8 @@ def fast_path_hints(verdicts) -> list:
             hints.append(f"remove {name} from QBACKEND_DISABLE")
         elif "native library not available" in reason or "library has no" in reason \
                 or "library built without" in reason:
-            hints.append(f"{name}: build the native library for this GPU (QBACKEND_BUILD_CUDA=1 "
-                         "pip install qbackend, or python tools/build_cuda.py) or set QBACKEND_CUDA_LIB")
+            hints.append(f"{name}: build the native library for this GPU (`qbackend build`, after "
+                         "pip install 'qbackend[cuda]') or set QBACKEND_CUDA_LIB")
         elif "bindings are not installed" in reason:
             hints.append(f"{name}: pip install 'qbackend[rocm]' (hip-python)")
     return hints

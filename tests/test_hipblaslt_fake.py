@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from helpers import rand_q, rand_scale
-from providers import hipblaslt as hl
-from providers.reference import reference_scaled_mm
 from qbackend.probe import DeviceInfo
 from qbackend.validate import validate_scaled_mm
+from qbackend_providers import hipblaslt as hl
+from qbackend_providers.reference import reference_scaled_mm
 
 FNUZ_E4M3, FNUZ_E5M2 = torch.float8_e4m3fnuz, torch.float8_e5m2fnuz
 

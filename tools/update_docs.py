@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from qbackend.golden import BEGIN, END, markdown
+from qbackend_providers.native import BUILD_HINT
 
 ROOT = Path(__file__).resolve().parent.parent
 SELECTION = ROOT / "docs" / "selection.md"
@@ -22,8 +23,9 @@ SAMPLE_COMMAND = "$ qbackend info --simulate sm_89\n"
 # that regenerates it has (the library's line is the only one that depends on that).
 SAMPLE_ROOT = "/src/qbackend"
 NO_LIBRARY = (f"  libqbackend_cuda: not loaded; path {SAMPLE_ROOT}/providers/_lib/libqbackend_cuda.so; archs -  "
-              f"(OSError: not found: {SAMPLE_ROOT}/providers/_lib/libqbackend_cuda.so (build csrc_cuda or set "
-              "QBACKEND_CUDA_LIB))  [counts as built for sm_89]")
+              f"(OSError: not found: {SAMPLE_ROOT}/providers/_lib/libqbackend_cuda.so or "
+              "/home/user/.cache/qbackend/lib/libqbackend_cuda.so (run `qbackend build`, or set QBACKEND_CUDA_LIB))  "
+              f"[counts as built for sm_89]\n    to build it: {BUILD_HINT}\n")
 
 
 def info_sample() -> str:
@@ -33,7 +35,8 @@ def info_sample() -> str:
     env["QBACKEND_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     out = subprocess.run([sys.executable, "-m", "qbackend", "info", "--simulate", "sm_89"], env=env,
                          capture_output=True, text=True, check=True).stdout
-    return re.sub(r"(?m)^  libqbackend_cuda: .*$", NO_LIBRARY, out)
+    # The library's line and the lines under it (what to run, the last build's log).
+    return re.sub(r"(?m)^  libqbackend_cuda: .*\n(    .*\n)*", lambda _: NO_LIBRARY, out)
 
 
 def sample_span(text: str) -> tuple:
