@@ -20,20 +20,20 @@ struct Plan {
   RunOpts opts;
 };
 
-// Up to 64 tokens: the swapped configs, whose token side covers M, so each weight tile is read
-// once; stream-K hands every SM a share of K where the tiles alone would leave SMs idle (4096 x
-// 4096 has 32 weight tiles for 132 SMs). Above: 128 x 128 tiles in clusters of two along N (the
-// token tile's TMA load is multicast to both), stream-K where the last wave would be mostly empty.
+// From the sweep on an H100 (bench/results/fp8_block_sm90_h100.log, 4096 x 4096 and 28672 x 4096,
+// M = 1 to 4096): up to 64 tokens the swapped configs, whose token side covers M so each weight tile
+// is read once: 16-token tiles up to 16 tokens, 32-token tiles up to 64 where the extra token tile
+// still fits in one wave (4096 x 4096: 9.6 us at M = 64 against 12.3 with 64-token tiles), else
+// 64-token tiles; above 64 tokens 128 x 128 tiles in clusters of two. Always data-parallel: stream-K
+// was slower at every point but one (x0.67 to x0.99 of data-parallel; x1.03 at 28672 x 4096, M = 4096),
+// its fp32 partial tiles costing more than the idle SMs it fills.
 Plan auto_plan(const ScaledMmArgs& a) {
   const int sms = a.sm_count > 0 ? a.sm_count : 132;
   Plan p{kBlock128x128, RunOpts{}};
-  if (a.M <= 64) p.config = a.M <= 16 ? kBlockSwap128x16 : a.M <= 32 ? kBlockSwap128x32 : kBlockSwap128x64;
-  const auto& c = kBlockConfigs[p.config];
-  const int64_t rows = c.swap ? a.N : a.M, cols = c.swap ? a.M : a.N;
-  const int64_t tiles = cdiv(rows, c.tile_m) * cdiv(cols, c.tile_n);
-  const int64_t waves = cdiv(tiles, sms);
-  const double last_wave_fill = double(tiles) / double(waves * sms);
-  p.opts.decomp = last_wave_fill < 0.75 ? Decomp::StreamK : Decomp::DataParallel;
+  if (a.M <= 16) p.config = kBlockSwap128x16;
+  else if (a.M <= 32) p.config = kBlockSwap128x32;
+  else if (a.M <= 64) p.config = cdiv(a.N, 128) * cdiv(a.M, 32) <= sms ? kBlockSwap128x32 : kBlockSwap128x64;
+  p.opts.decomp = Decomp::DataParallel;
   return p;
 }
 

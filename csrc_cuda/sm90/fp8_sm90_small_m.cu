@@ -496,9 +496,18 @@ int make_map(CUtensorMap* map, const void* base, int64_t rows, int64_t K, int64_
   const cuuint32_t box[2] = {cuuint32_t(kTileK / elem_bytes), cuuint32_t(box_rows)};
   const cuuint32_t elem[2] = {1, 1};
   const CUtensorMapDataType type = elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  const CUresult r = encode(map, type, 2, const_cast<void*>(base), dims, strides, box, elem,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  auto encode_map = [&] {
+    return encode(map, type, 2, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  CUresult r = encode_map();
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    // A driver call on a thread whose first CUDA work this is: no context is current there yet
+    // (runtime calls make one current lazily, driver calls do not). Make the device's primary
+    // context current, as the runtime would, and encode again.
+    int device = 0;
+    if (cudaGetDevice(&device) == cudaSuccess && cudaSetDevice(device) == cudaSuccess) r = encode_map();
+  }
   if (r != CUDA_SUCCESS)
     return err.set(QB_ERR_CUDA, "sm90 fp8 small-M: cuTensorMapEncodeTiled(%s: %lld x %lld, stride %lld) failed: %d",
                    what, (long long)rows, (long long)K, (long long)ld, int(r));
