@@ -196,7 +196,8 @@ def test_reference_fallback_on_a_gpu_warns_once_and_only_for_calls(monkeypatch):
 
     gpu = dataclasses.replace(simulated("sm_90"), simulated=False, probe="test")
     problem = representative("fp8_block")
-    monkeypatch.setenv("QBACKEND_DISABLE", "torch")
+    # (the cutlass provider serves it natively on sm_90)
+    monkeypatch.setenv("QBACKEND_DISABLE", "torch,cutlass")
     reg = registry.reload()
     try:
         with warnings.catch_warnings():
