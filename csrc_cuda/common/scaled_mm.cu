@@ -306,24 +306,24 @@ extern "C" int qb_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_
                         qb::Err{err, err_len});
 }
 
-extern "C" size_t qb_scaled_mm_workspace_size(int64_t M, int64_t N, int64_t K, int a_dtype, int out_dtype,
-                                              int variant) {
+// The workspace the call with these sizes would plan for (0 for a malformed request or M == 0).
+static size_t workspace_for(int64_t M, int64_t N, int64_t K, int a_dtype, bool block, int out_dtype, int variant) {
   const qb::Err none{nullptr, 0};
   const int b_dtype = is_w8a16(a_dtype) ? QB_E4M3 : a_dtype;
-  if (check_shape(M, N, K, a_dtype, b_dtype, out_dtype, none) != QB_OK || M == 0) return 0;
+  if (check_shape(M, N, K, a_dtype, b_dtype, out_dtype, none, block) != QB_OK || M == 0) return 0;
   qb::ScaledMmArgs args;
   int fam = 0;
-  if (plan(M, N, K, K, K, N, a_dtype, false, out_dtype, variant, none, &args, &fam) != QB_OK) return 0;
+  if (plan(M, N, K, K, K, N, a_dtype, block, out_dtype, variant, none, &args, &fam) != QB_OK) return 0;
   return family_workspace(fam, args);
 }
 
+extern "C" size_t qb_scaled_mm_workspace_size(int64_t M, int64_t N, int64_t K, int a_dtype, int out_dtype,
+                                              int variant) {
+  return workspace_for(M, N, K, a_dtype, false, out_dtype, variant);
+}
+
 extern "C" size_t qb_scaled_mm_block_workspace_size(int64_t M, int64_t N, int64_t K, int out_dtype, int variant) {
-  const qb::Err none{nullptr, 0};
-  if (check_shape(M, N, K, QB_E4M3, QB_E4M3, out_dtype, none, true) != QB_OK || M == 0) return 0;
-  qb::ScaledMmArgs args;
-  int fam = 0;
-  if (plan(M, N, K, K, K, N, QB_E4M3, true, out_dtype, variant, none, &args, &fam) != QB_OK) return 0;
-  return family_workspace(fam, args);
+  return workspace_for(M, N, K, QB_E4M3, true, out_dtype, variant);
 }
 
 extern "C" int qb_scaled_mm_block_config_count(int variant) {
