@@ -1,7 +1,12 @@
-"""Dynamic per-token FP8 (e4m3) quantization: qbackend's CUDA kernel against torch, under CUDA-graph replay.
+"""Dynamic per-token and per-token-group FP8 (e4m3) quantization: qbackend's CUDA kernels against torch,
+under CUDA-graph replay.
 
     python bench/bench_quantize.py --out bench/results/quantize_h200.json
+    python bench/bench_quantize.py --granularity group --out bench/results/quantize_group_h200.json
     python bench/bench_quantize.py --sweep    # the per-token kernel's vectors per thread, automatic against forced
+
+Per-token-group (--granularity group): 1 x 128 groups, scales [M, K/128], the activation quantize of
+block-scaled FP8, at the shapes of DeepSeek-V3's hidden size (K = 7168).
 
 Implementations (same semantics: scale = max(amax_row / 448, 1 / (448 * 512)), q = sat(x / scale)):
   qbackend       providers/native.py -> libqbackend_cuda, one fused pass
@@ -30,6 +35,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 F8 = torch.float8_e4m3fn
 SHAPES = [(16, 4096), (1024, 4096), (8192, 4096), (8192, 14336)]
+GROUP_SHAPES = [(16, 7168), (1024, 7168), (8192, 7168)]
+GROUP = 128
 IMPLS = ["qbackend", "torch.eager", "torch.compile"]
 ROTATE_BYTES = 256 * 2 ** 20
 
@@ -39,6 +46,25 @@ def torch_quant(x):
     scale = (amax / 448.0).clamp(min=1.0 / (448.0 * 512.0))
     q = (x.float() / scale).clamp(-448.0, 448.0).to(F8)
     return q, scale
+
+
+def torch_group_quant(x):
+    M, K = x.shape
+    xg = x.float().reshape(M, K // GROUP, GROUP)
+    amax = xg.abs().amax(dim=-1, keepdim=True)
+    scale = (amax / 448.0).clamp(min=1.0 / (448.0 * 512.0))
+    q = (xg / scale).clamp(-448.0, 448.0).to(F8).reshape(M, K)
+    return q, scale.squeeze(-1)
+
+
+def group_inputs(M, K, scale):
+    """As token_inputs, for qbackend's per-token-group call (scales [M, K / GROUP])."""
+    n = max(2, min(32, ROTATE_BYTES // (M * K * 2)))
+    xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) * scale for _ in range(n)]
+    qs = [torch.empty(M, K, device="cuda", dtype=F8) for _ in range(n)]
+    ss = [torch.empty(M, K // GROUP, device="cuda") for _ in range(n)]
+    fns = [lambda x=x, q=q, s=s: native.quantize_group(x, q, s, GROUP) for x, q, s in zip(xs, qs, ss)]
+    return xs, qs, ss, fns
 
 
 def token_inputs(M, K, scale):
@@ -81,6 +107,36 @@ def sweep():
             torch.cuda.empty_cache()
 
 
+def group_rows(impls, compiled):
+    """Per-token-group rows: qbackend checked bit for bit against the reference provider first."""
+    from qbackend_providers.reference import reference_quantize
+
+    rows = []
+    for (M, K) in GROUP_SHAPES:
+        xs, qs, ss, native_fns = group_inputs(M, K, 3.0)
+        nbytes = M * K * 2 + M * K + M * (K // GROUP) * 4
+        q_ref, s_ref = reference_quantize(xs[0], F8, "group", None, None, GROUP, None)
+        native.quantize_group(xs[0], qs[0], ss[0], GROUP)
+        assert torch.equal(qs[0].view(torch.uint8), q_ref.view(torch.uint8)), "qbackend != reference (q)"
+        assert torch.equal(ss[0], s_ref), "qbackend != reference (scales)"
+        line = []
+        for impl in impls:
+            if impl == "qbackend":
+                fns = native_fns
+            elif impl == "torch.eager":
+                fns = [lambda x=x: torch_group_quant(x) for x in xs]
+            else:
+                compiled(xs[0])
+                fns = [lambda x=x: compiled(x) for x in xs]
+            us = graph_time(fns)
+            rows.append({"M": M, "K": K, "granularity": "group", "impl": impl, "us": us, "bytes": nbytes})
+            line.append(f"{impl}={us:.2f}us ({nbytes / us / 1e6:.2f} TB/s)")
+        print(f"group {GROUP}: M={M} K={K} " + " ".join(line), flush=True)
+        del xs, qs, ss, native_fns, fns
+        torch.cuda.empty_cache()
+    return rows
+
+
 def plot(rows, path):
     try:
         import matplotlib
@@ -98,7 +154,8 @@ def plot(rows, path):
     ax.axhline(4.25, color="k", lw=0.8, ls="--", label="measured copy bandwidth (4.25 TB/s)")
     ax.set_xticks([j + w for j in range(len(shapes))], [f"{M}x{K}" for M, K in shapes])
     ax.set_ylabel("effective TB/s (read x + write q + scales)")
-    ax.set_title(f"dynamic per-token bf16 -> e4m3, {torch.cuda.get_device_name()}, CUDA-graph replay")
+    what = "per-token-group (1 x 128)" if rows and rows[0].get("granularity") == "group" else "per-token"
+    ax.set_title(f"dynamic {what} bf16 -> e4m3, {torch.cuda.get_device_name()}, CUDA-graph replay")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -109,13 +166,25 @@ def main():
     ap.add_argument("--out", default=os.path.join(_HERE, "results", "quantize_h200.json"))
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (saves its compile time)")
     ap.add_argument("--sweep", action="store_true", help="only the vectors-per-thread sweep, printed")
+    ap.add_argument("--granularity", choices=["token", "group"], default="token")
     args = ap.parse_args()
     if native.load() is None:
         sys.exit(f"native library unavailable: {native.load_error()}")
     if args.sweep:
         return sweep()
-    compiled = torch.compile(torch_quant, fullgraph=True, dynamic=False)
     impls = [i for i in IMPLS if not (args.no_compile and i == "torch.compile")]
+    if args.granularity == "group":
+        rows = group_rows(impls, torch.compile(torch_group_quant, fullgraph=True, dynamic=False))
+    else:
+        rows = token_rows(impls, torch.compile(torch_quant, fullgraph=True, dynamic=False))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f,
+                  indent=1)
+    plot(rows, os.path.splitext(args.out)[0] + ".png")
+
+
+def token_rows(impls, compiled):
     rows = []
     for (M, K) in SHAPES:
         xs, qs, ss, native_fns = token_inputs(M, K, 3.0)
@@ -145,11 +214,7 @@ def main():
         print(f"M={M} K={K} " + " ".join(line), flush=True)
         del xs, qs, ss, native_fns, fns
         torch.cuda.empty_cache()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f,
-                  indent=1)
-    plot(rows, os.path.splitext(args.out)[0] + ".png")
+    return rows
 
 
 if __name__ == "__main__":

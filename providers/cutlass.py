@@ -119,6 +119,8 @@ class CutlassProvider(Provider):
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("tensor"), min_sm=75, n_align=16),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("token"), min_sm=75, n_align=16,
                      static=frozenset({False})),
+                Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("group"), min_sm=75,
+                     static=frozenset({False})),
             ))
         self.variant = _forced_variant(os.environ.get(VARIANT_ENV, ""))
         self._sm90_devices: dict = {}  # device index -> its SM count where the sm_90a FP8 kernels serve it, else None
@@ -126,7 +128,7 @@ class CutlassProvider(Provider):
     def _kernel_op(self, problem):
         """The library's op name for a problem, and the kernel families that can serve it."""
         if problem.op is Op.QUANTIZE:
-            return "quantize", ()
+            return ("quantize_group" if problem.scale_a is Granularity.GROUP else "quantize"), ()
         if problem.a_dtype in (torch.bfloat16, torch.float16):
             return "scaled_mm_w8a16", _sm90_only
         if problem.scale_b is Granularity.BLOCK:
@@ -148,8 +150,8 @@ class CutlassProvider(Provider):
         if native.load() is None:
             return Verdict(False, f"native library not available: {native.load_error()}")
         op, variants_for = self._kernel_op(problem)
-        if op == "quantize":
-            return None if native.has_variant(op, 0) else Verdict(False, "library built without quantize kernels")
+        if op.startswith("quantize"):
+            return None if native.has_variant(op, 0) else Verdict(False, f"library built without {op} kernels")
         wanted = (self.variant,) if self.variant else variants_for(device.sm)
         if not any(native.has_variant(op, v) for v in wanted):
             return Verdict(False, f"library has no {op} kernels for {device.arch} "
@@ -209,6 +211,13 @@ class CutlassProvider(Provider):
     def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         M = x2.shape[0]
+        if granularity == "group":
+            # [M, ceil(K/group)] row-major: the layout the block-scaled GEMM reads, no copy there.
+            q = torch.empty(x2.shape, dtype=dtype, device=x.device)
+            groups = -(-x2.shape[1] // group_size)
+            out_scale = torch.empty((M, groups), dtype=torch.float32, device=x.device)
+            native.quantize_group(x2, q, out_scale, group_size)
+            return q.reshape(x.shape), out_scale.reshape(x.shape[:-1] + (groups,))
         # FP8 activations for the sm_90a GEMM get storage for whole token tiles (rows past M left
         # unwritten), so that the GEMM can run on whole tiles (native.token_rows).
         rows = native.token_rows(M) if dtype == qd.E4M3 else M

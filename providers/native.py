@@ -32,7 +32,7 @@ from . import cuda_build
 __all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75",
            "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
            "library_candidates", "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size",
-           "block_workspace_size", "block_config_names", "quantize",
+           "block_workspace_size", "block_config_names", "quantize", "quantize_group",
            "quantize_workspace_size", "quantize_override", "config_names", "auto_config", "token_rows",
            "override", "set_programmatic_launch"]
 
@@ -116,6 +116,9 @@ def _bind(lib) -> None:
     lib.qb_set_programmatic_launch.restype = None
     lib.qb_quantize.argtypes = [vp, i64, vp, i64, fp, i64, i64, ip, ip, ip, fp, vp, vp, c.c_char_p, sz]
     lib.qb_quantize.restype = ip
+    if hasattr(lib, "qb_quantize_group"):  # absent from libraries built before it
+        lib.qb_quantize_group.argtypes = [vp, i64, vp, i64, fp, i64, i64, i64, i64, ip, ip, vp, c.c_char_p, sz]
+        lib.qb_quantize_group.restype = ip
     lib.qb_quantize_workspace_size.argtypes = [i64, i64, ip]
     lib.qb_quantize_workspace_size.restype = sz
     lib.qb_quantize_override.argtypes = [ip, ip]
@@ -378,6 +381,43 @@ def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
                              workspace.data_ptr() if workspace is not None else None, stream, buf, _ERR_LEN)
     if st:
         _raise("qb_quantize", st, buf)
+
+
+def quantize_group(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: int) -> None:
+    """Per-token-group dynamic quantize into the preallocated q and scale: scale[r, g] over columns
+    [g * group, (g + 1) * group) of row r (the last group may be shorter).
+
+    x2d: [rows, cols] f32/f16/bf16 with unit column stride (any row stride); q: [rows, cols]
+    e4m3fn/e5m2/int8 with unit column stride; scale: [rows, ceil(cols / group)] fp32 with unit
+    column stride (any row stride).
+    """
+    lib = _need()
+    if not hasattr(lib, "qb_quantize_group"):
+        raise RuntimeError("quantize_group: this libqbackend_cuda predates qb_quantize_group; rebuild it "
+                           "(`qbackend build`)")
+    if not isinstance(group, int) or group <= 0:
+        raise ValueError(f"quantize_group: group must be a positive int, got {group!r}")
+    rows, cols = x2d.shape
+    groups = -(-cols // group)
+    if x2d.stride(1) != 1 and cols > 1:
+        raise ValueError(f"quantize_group: x must have unit column stride, got strides {tuple(x2d.stride())}")
+    if q.shape != x2d.shape or (q.stride(1) != 1 and cols > 1):
+        raise ValueError(f"quantize_group: q must be {tuple(x2d.shape)} with unit column stride")
+    if scale.dtype != torch.float32 or scale.shape != (rows, groups) or (scale.stride(1) != 1 and groups > 1):
+        raise ValueError(f"quantize_group: scale must be fp32 [{rows}, {groups}] with unit column stride, "
+                         f"got {scale.dtype} {tuple(scale.shape)} strides {tuple(scale.stride())}")
+    if rows == 0:
+        return
+    ldx = x2d.stride(0) if rows > 1 else cols
+    ldq = q.stride(0) if rows > 1 else cols
+    ld_scale = scale.stride(0) if rows > 1 else groups
+    with _on_device(x2d.device) as dev:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        buf = _errbuf()
+        st = lib.qb_quantize_group(x2d.data_ptr(), ldx, q.data_ptr(), ldq, scale.data_ptr(), ld_scale, rows, cols,
+                                   int(group), _code(x2d, "x"), _code(q, "q"), stream, buf, _ERR_LEN)
+    if st:
+        _raise("qb_quantize_group", st, buf)
 
 
 def quantize_override(token_kernel: int = -1, row_vecs: int = 0) -> None:

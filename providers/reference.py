@@ -84,8 +84,10 @@ def _amax(xf: torch.Tensor, granularity: str, group: int, block: tuple) -> torch
         return a.amax()
     if granularity in ("token", "channel"):
         return a.amax(dim=-1, keepdim=True)
-    if granularity == "group":
-        return a.reshape(*a.shape[:-1], a.shape[-1] // group, group).amax(dim=-1)
+    if granularity == "group":  # the last group is shorter when group does not divide K: pad it with zeros
+        cols = a.shape[-1]
+        padded = torch.nn.functional.pad(a, (0, -(-cols // group) * group - cols))
+        return padded.reshape(*a.shape[:-1], -1, group).amax(dim=-1)
     rows, cols = a.shape
     br, bc = block
     pr, pc = -(-rows // br) * br, -(-cols // bc) * bc
@@ -93,14 +95,13 @@ def _amax(xf: torch.Tensor, granularity: str, group: int, block: tuple) -> torch
     return padded.reshape(pr // br, br, pc // bc, bc).amax(dim=(1, 3))
 
 
-def _expand_like(scale: torch.Tensor, x: torch.Tensor, granularity: str, block: tuple) -> torch.Tensor:
+def _expand_like(scale: torch.Tensor, x: torch.Tensor, granularity: str, group: int, block: tuple) -> torch.Tensor:
     if granularity == "tensor":
         return scale.reshape(())
     if granularity in ("token", "channel"):
         return scale
     if granularity == "group":
-        reps = x.shape[-1] // scale.shape[-1]
-        return scale.repeat_interleave(reps, dim=-1)
+        return scale.repeat_interleave(group, dim=-1)[..., :x.shape[-1]]
     rows, cols = x.shape
     return scale.repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]
 
@@ -143,7 +144,7 @@ def reference_quantize(x, dtype, granularity, scale, scale_ub, group, block):
         scale = divisor = dynamic_scale(xf, dtype, granularity, scale_ub, group, block)
     else:
         divisor = checked_scale(scale.float())
-    q = saturate_cast(xf / _expand_like(divisor, xf, granularity, block), dtype)
+    q = saturate_cast(xf / _expand_like(divisor, xf, granularity, group, block), dtype)
     return q, scale
 
 

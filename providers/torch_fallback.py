@@ -172,6 +172,8 @@ def _broadcast_divide(xf: torch.Tensor, scale: torch.Tensor, granularity: str, g
         return xf / scale
     if granularity == "group":
         lead, cols = xf.shape[:-1], xf.shape[-1]
+        if cols % group:  # a shorter last group
+            return xf / scale.repeat_interleave(group, dim=-1)[..., :cols]
         return (xf.reshape(*lead, cols // group, group) / scale.unsqueeze(-1)).reshape(xf.shape)
     rows, cols = xf.shape
     (br, bc), (R, C) = block, scale.shape

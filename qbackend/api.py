@@ -60,7 +60,9 @@ def quantize(x: torch.Tensor, dtype: torch.dtype = qd.E4M3, granularity: str = "
     1 / (qmax * 512)) over each granule, q = saturate(x / scale) (fp8: round to nearest even;
     int8: round half to even, saturate to [-128, 127]).
     granularity: "tensor" (scale []), "token" ([..., 1], one per row), "channel" (a 2-D [N, K]
-    weight, [N, 1]), "group" ([..., K / group_size]), "block" (2-D [N, K], [ceil(N/bn), ceil(K/bk)]).
+    weight, [N, 1]), "group" ([..., ceil(K / group_size)]: groups of group_size along the last
+    dimension, the last one shorter when group_size does not divide it), "block" (2-D [N, K],
+    [ceil(N/bn), ceil(K/bk)]).
     """
     block = tuple(block_size) if isinstance(block_size, (tuple, list)) else block_size
     if _compiling():

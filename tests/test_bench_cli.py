@@ -159,13 +159,20 @@ def test_the_command_prints_its_table_as_it_goes_and_writes_json(monkeypatch, ca
 def test_a_kind_that_cannot_take_a_shape_is_skipped_with_its_reason(monkeypatch):
     monkeypatch.setenv("QBACKEND_PROVIDER", "reference")
     qbackend.registry.reload()
+    measure = bench_cli.measure_kind
+
+    def refuse_block(kind, *args):
+        if kind == "fp8_block":
+            raise ValueError("qbackend.scaled_mm: b: this shape is refused\nsecond line")
+        return measure(kind, *args)
+
+    monkeypatch.setattr(bench_cli, "measure_kind", refuse_block)
     skips = []
-    # K = 100: no whole 128-wide blocks for fp8_block; fp8 rows padded to 16 bytes for the others
-    rows, skipped = bench_cli.run([(256, 100)], [4], ["fp8_block", "fp8_w8a8_per_tensor"], torch.bfloat16,
+    rows, skipped = bench_cli.run([(256, 128)], [4], ["fp8_block", "fp8_w8a8_per_tensor"], torch.bfloat16,
                                   CountingTimer(), torch.device("cpu"), on_skip=skips.append)
     assert [r["kind"] for r in rows] == ["fp8_w8a8_per_tensor"]
     assert skipped == skips and [s["kind"] for s in skipped] == ["fp8_block"]
-    assert skipped[0]["error"].startswith("ValueError: qbackend.quantize: group_size: must divide")
+    assert skipped[0]["error"] == "ValueError: qbackend.scaled_mm: b: this shape is refused"
 
 
 def test_default_kinds_leave_out_what_only_the_reference_serves(monkeypatch):

@@ -170,6 +170,23 @@ def test_every_quant_combination_runs(gen):
         assert not torch.isnan(qbackend.dequantize(q, s, torch.float32, group_size=64)).any()
 
 
+@pytest.mark.parametrize("dtype", list(QMAX))
+def test_group_quantize_with_a_shorter_last_group(dtype, gen):
+    """K = 7232 = 56 x 128 + 64 (DeepSeek's K with a 64-wide tail): ceil(K/128) scales per row, the
+    last over 64 columns; each group quantized on its own must give the same bytes and scale."""
+    x = (torch.randn(5, 7232, generator=gen) * torch.logspace(-3, 3, 5).reshape(5, 1)).to(torch.bfloat16)
+    q, s = qbackend.quantize(x, dtype, "group", group_size=128)
+    assert q.shape == x.shape and s.shape == (5, 57)
+    for g in range(57):
+        part = x[:, g * 128:(g + 1) * 128]
+        qg, sg = qbackend.quantize(part, dtype, "token")
+        assert torch.equal(sg.reshape(5), s[:, g]), g
+        assert torch.equal(qg.view(torch.uint8), q[:, g * 128:(g + 1) * 128].view(torch.uint8)), g
+    back = qbackend.dequantize(q, s, torch.float32, group_size=128)
+    rel = ((back - x.float()).abs() / x.float().abs().amax(dim=1, keepdim=True)).max().item()
+    assert rel < 0.07
+
+
 def test_group_size_is_never_guessed(gen):
     """Scales carry no group size: a count that fits only another size is an error, not a guess."""
     x = torch.randn(4, 240, generator=gen)

@@ -60,11 +60,12 @@ const Variant kVariants[] = {
     {"marlin", QB_VARIANT_SM75},
 #endif
     {"quantize", QB_VARIANT_AUTO},  // quantize kernels are compiled for every configured arch
+    {"quantize_group", QB_VARIANT_AUTO},
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 const char* kOps[] = {"scaled_mm_fp8", "scaled_mm_fp8_block", "scaled_mm_int8", "scaled_mm_w8a16", "quantize",
-                      "marlin"};
+                      "quantize_group", "marlin"};
 
 // Appends to buf at *pos, never past buf_len - 1; keeps the string NUL-terminated.
 void put(char* buf, size_t buf_len, size_t* pos, const char* s) {

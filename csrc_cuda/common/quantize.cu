@@ -365,6 +365,58 @@ __global__ void __launch_bounds__(kMaxPipelinedThreads)
   }
 }
 
+// DYNAMIC_GROUP: one scale per `group` consecutive columns of a row (the last group of a row may be
+// shorter), written to scales[r * ld_scale + g]. LANES lanes of a warp share a group: each takes its
+// vectors lane, lane + LANES, ... of the group, keeps up to kCacheVecs of them in registers while the
+// group's amax is reduced over those lanes (shuffles), then scales and stores them. On the 16-byte
+// path with the engines' group sizes one vector per lane covers the group (bf16, 128: 16 lanes; 64:
+// 8), so every load is issued before the first shuffle. Vectors never straddle a group boundary: the
+// host takes the 16-byte path only where VEC divides the group and the columns.
+template <typename T, int VEC, int QD, int LANES>
+__global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
+                                                        int64_t ldq, float* __restrict__ scales, int64_t ld_scale,
+                                                        int64_t rows, int64_t cols, int64_t group) {
+  static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: a power of two up to 32");
+  enter_dependent_grid();
+  const int64_t groups_per_row = qb::cdiv(cols, group);
+  const int64_t gid = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LANES;
+  const int lane = threadIdx.x % LANES;
+  // A group index past the end still takes part in the shuffles (all lanes of a warp must), with no data.
+  const bool live = gid < rows * groups_per_row;
+  const int64_t r = live ? gid / groups_per_row : 0;
+  const int64_t g = live ? gid - r * groups_per_row : 0;
+  const int64_t c0 = g * group;
+  const int64_t nvec = live ? (std::min<int64_t>(group, cols - c0) + VEC - 1) / VEC : 0;
+  const auto* xg = reinterpret_cast<const Vec<T, VEC>*>(x + r * ldx + c0);
+  uint8_t* qg = q + r * ldq + c0;
+
+  Vec<T, VEC> cache[kCacheVecs];
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kCacheVecs; ++i) {
+    const int64_t idx = lane + int64_t(i) * LANES;
+    if (idx < nvec) {
+      cache[i] = load_once(xg + idx);
+      m = vec_amax<T, VEC>(cache[i], m);
+    }
+  }
+  for (int64_t idx = lane + int64_t(kCacheVecs) * LANES; idx < nvec; idx += LANES) m = vec_amax<T, VEC>(xg[idx], m);
+#pragma unroll
+  for (int o = LANES / 2; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o, LANES));
+  if (!live) return;
+
+  const float scale = scale_from_amax<QD>(m, nullptr);
+  if (lane == 0) scales[r * ld_scale + g] = scale;
+  const Divisor div = make_divisor(scale);
+#pragma unroll
+  for (int i = 0; i < kCacheVecs; ++i) {
+    const int64_t idx = lane + int64_t(i) * LANES;
+    if (idx < nvec) vec_store<T, VEC, QD>(cache[i], div, qg + idx * VEC);
+  }
+  for (int64_t idx = lane + int64_t(kCacheVecs) * LANES; idx < nvec; idx += LANES)
+    vec_store<T, VEC, QD>(xg[idx], div, qg + idx * VEC);
+}
+
 // Tuning/tests (qb_quantize_override): -1 automatic, 0 one block per row, 1 persistent pipelined;
 // vectors per thread of the block-per-row kernel, 0 automatic.
 thread_local int t_token_kernel = -1;
@@ -459,6 +511,7 @@ struct QuantArgs {
   float* scale;
   int64_t rows, cols;
   int mode;
+  int64_t group, ld_scale;  // DYNAMIC_GROUP only
   const float* scale_ub;
   void* workspace;
   cudaStream_t stream;
@@ -492,7 +545,19 @@ int launch(const QuantArgs& a, const qb::Err& err) {
   const int threads = 256;
   const unsigned grid_ew = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(qb::cdiv(total, threads), grid_cap)));
 
-  if (a.mode == QB_QUANT_DYNAMIC_TOKEN) {
+  if (a.mode == QB_QUANT_DYNAMIC_GROUP) {
+    // Lanes per group: enough for one vector each up to 32 (8 at least, so that a warp holds at most
+    // four groups and the loads stay wide).
+    const int64_t group_vecs = qb::cdiv(a.group, int64_t(VEC));
+    const int lanes = group_vecs <= 8 ? 8 : group_vecs <= 16 ? 16 : 32;
+    auto kernel = lanes == 8 ? per_group_kernel<T, VEC, QD, 8>
+                             : lanes == 16 ? per_group_kernel<T, VEC, QD, 16> : per_group_kernel<T, VEC, QD, 32>;
+    const int64_t groups = a.rows * qb::cdiv(a.cols, a.group);
+    const unsigned grid = static_cast<unsigned>(qb::cdiv(groups * lanes, int64_t(threads)));
+    cudaError_t e = launch_kernel(kernel, grid, threads, a, x, a.ldx, a.q, a.ldq, a.scale, a.ld_scale, a.rows,
+                                  a.cols, a.group);
+    if (e != cudaSuccess) return err.cuda(e, "qb_quantize_group: kernel launch");
+  } else if (a.mode == QB_QUANT_DYNAMIC_TOKEN) {
     // one, two or four vectors per thread on the 16-byte path; the scalar path (odd shapes) keeps four
     const int vecs = VEC > 1 ? row_vecs(a.rows, nvec, a.sm_count) : kCacheVecs;
     const int t = static_cast<int>(token_threads(nvec, vecs));
@@ -542,7 +607,8 @@ template <typename T, int QD>
 int dispatch_vec(const QuantArgs& a, const qb::Err& err) {
   constexpr int VEC = 16 / sizeof(T);
   const bool vec_ok = qb::aligned16(a.x) && (a.ldx * int64_t(sizeof(T))) % 16 == 0 && a.cols % VEC == 0 &&
-                      (reinterpret_cast<uintptr_t>(a.q) % VEC) == 0 && a.ldq % VEC == 0;
+                      (reinterpret_cast<uintptr_t>(a.q) % VEC) == 0 && a.ldq % VEC == 0 &&
+                      (a.mode != QB_QUANT_DYNAMIC_GROUP || a.group % VEC == 0);
   return vec_ok ? launch<T, VEC, QD>(a, err) : launch<T, 1, QD>(a, err);
 }
 
@@ -552,6 +618,50 @@ int dispatch_q(int q_dtype, const QuantArgs& a, const qb::Err& err) {
     case QB_E4M3: return dispatch_vec<T, QB_E4M3>(a, err);
     case QB_E5M2: return dispatch_vec<T, QB_E5M2>(a, err);
     default: return dispatch_vec<T, QB_I8>(a, err);
+  }
+}
+
+// The checks and the dispatch that qb_quantize and qb_quantize_group share; `fn` names the entry point
+// in messages. a.mode is already known to be valid.
+int checked_quantize(QuantArgs a, int x_dtype, int q_dtype, const char* fn, const qb::Err& err) {
+  if (x_dtype != QB_F32 && x_dtype != QB_F16 && x_dtype != QB_BF16)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: x_dtype %d must be f32 (0), f16 (1) or bf16 (2)", fn, x_dtype);
+  if (q_dtype != QB_E4M3 && q_dtype != QB_E5M2 && q_dtype != QB_I8)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: q_dtype %d must be e4m3 (3), e5m2 (4) or i8 (5)", fn, q_dtype);
+  if (a.rows < 0 || a.cols <= 0)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: rows (=%lld) must be >= 0 and cols (=%lld) > 0", fn,
+                   (long long)a.rows, (long long)a.cols);
+  if (a.mode == QB_QUANT_DYNAMIC_TOKEN && a.rows > 0x7fffffffLL)
+    return err.set(QB_ERR_UNSUPPORTED, "%s: per-token mode takes at most 2^31 - 1 rows", fn);
+  if (a.rows == 0) return QB_OK;
+  if (a.x == nullptr || a.q == nullptr || a.scale == nullptr)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: x, q and scale must be non-NULL", fn);
+  if (a.ldx < a.cols || a.ldq < a.cols)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: ldx (=%lld) and ldq (=%lld) must be >= cols (=%lld)", fn,
+                   (long long)a.ldx, (long long)a.ldq, (long long)a.cols);
+  const size_t xsize = x_dtype == QB_F32 ? 4 : 2;
+  if (reinterpret_cast<uintptr_t>(a.x) % xsize != 0)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: x must be aligned to its element size (%zu bytes)", fn, xsize);
+  if ((reinterpret_cast<uintptr_t>(a.scale) & 3u) || (a.scale_ub && (reinterpret_cast<uintptr_t>(a.scale_ub) & 3u)))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: scale and scale_ub must be 4-byte aligned fp32", fn);
+  if (a.workspace && (reinterpret_cast<uintptr_t>(a.workspace) & 3u))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: workspace must be 4-byte aligned", fn);
+
+  qb::DeviceInfo dev;
+  int st = qb::current_device(&dev, err);
+  if (st != QB_OK) return st;
+  a.sm_count = dev.sm_count;
+  a.device = dev.device;
+#ifdef QB_BUILT_SM90A
+  // Only the sm_90a machine code waits for the previous kernel (griddepcontrol), and the driver runs
+  // it on compute capability 9.0 alone: anywhere else these kernels come from older PTX and must not
+  // be launched early.
+  a.programmatic = dev.cc == 90 && qb::programmatic_launch();
+#endif
+  switch (x_dtype) {
+    case QB_F32: return dispatch_q<float>(q_dtype, a, err);
+    case QB_F16: return dispatch_q<__half>(q_dtype, a, err);
+    default: return dispatch_q<__nv_bfloat16>(q_dtype, a, err);
   }
 }
 
@@ -573,49 +683,29 @@ extern "C" int qb_quantize(const void* x, int64_t ldx, void* q, int64_t ldq, flo
                            char* err_buf, size_t err_len) {
   const qb::Err err{err_buf, err_len};
   if (err_buf && err_len) err_buf[0] = '\0';
-  if (x_dtype != QB_F32 && x_dtype != QB_F16 && x_dtype != QB_BF16)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: x_dtype %d must be f32 (0), f16 (1) or bf16 (2)", x_dtype);
-  if (q_dtype != QB_E4M3 && q_dtype != QB_E5M2 && q_dtype != QB_I8)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: q_dtype %d must be e4m3 (3), e5m2 (4) or i8 (5)", q_dtype);
   if (mode != QB_QUANT_STATIC_TENSOR && mode != QB_QUANT_DYNAMIC_TENSOR && mode != QB_QUANT_DYNAMIC_TOKEN)
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: mode %d must be 0 (static tensor), 1 (dynamic tensor) or 2 "
-                   "(dynamic token)", mode);
-  if (rows < 0 || cols <= 0)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: rows (=%lld) must be >= 0 and cols (=%lld) > 0",
-                   (long long)rows, (long long)cols);
-  if (mode == QB_QUANT_DYNAMIC_TOKEN && rows > 0x7fffffffLL)
-    return err.set(QB_ERR_UNSUPPORTED, "qb_quantize: per-token mode takes at most 2^31 - 1 rows");
-  if (rows == 0) return QB_OK;
-  if (x == nullptr || q == nullptr || scale == nullptr)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: x, q and scale must be non-NULL");
-  if (ldx < cols || ldq < cols)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: ldx (=%lld) and ldq (=%lld) must be >= cols (=%lld)",
-                   (long long)ldx, (long long)ldq, (long long)cols);
-  const size_t xsize = x_dtype == QB_F32 ? 4 : 2;
-  if (reinterpret_cast<uintptr_t>(x) % xsize != 0)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: x must be aligned to its element size (%zu bytes)", xsize);
-  if ((reinterpret_cast<uintptr_t>(scale) & 3u) || (scale_ub && (reinterpret_cast<uintptr_t>(scale_ub) & 3u)))
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: scale and scale_ub must be 4-byte aligned fp32");
-  if (workspace && (reinterpret_cast<uintptr_t>(workspace) & 3u))
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: workspace must be 4-byte aligned");
-
-  qb::DeviceInfo dev;
-  int st = qb::current_device(&dev, err);
-  if (st != QB_OK) return st;
-
-  QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, mode,
+                   "(dynamic token); per-group quantize is qb_quantize_group", mode);
+  QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, mode, 0, 0,
               mode == QB_QUANT_STATIC_TENSOR ? nullptr : scale_ub,
-              mode == QB_QUANT_DYNAMIC_TENSOR ? workspace : nullptr, static_cast<cudaStream_t>(stream), dev.sm_count,
-              dev.device, false};
-#ifdef QB_BUILT_SM90A
-  // Only the sm_90a machine code waits for the previous kernel (griddepcontrol), and the driver runs
-  // it on compute capability 9.0 alone: anywhere else these kernels come from older PTX and must not
-  // be launched early.
-  a.programmatic = dev.cc == 90 && qb::programmatic_launch();
-#endif
-  switch (x_dtype) {
-    case QB_F32: return dispatch_q<float>(q_dtype, a, err);
-    case QB_F16: return dispatch_q<__half>(q_dtype, a, err);
-    default: return dispatch_q<__nv_bfloat16>(q_dtype, a, err);
-  }
+              mode == QB_QUANT_DYNAMIC_TENSOR ? workspace : nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
+  return checked_quantize(a, x_dtype, q_dtype, "qb_quantize", err);
+}
+
+extern "C" int qb_quantize_group(const void* x, int64_t ldx, void* q, int64_t ldq, float* scale, int64_t ld_scale,
+                                 int64_t rows, int64_t cols, int64_t group, int x_dtype, int q_dtype, void* stream,
+                                 char* err_buf, size_t err_len) {
+  const qb::Err err{err_buf, err_len};
+  if (err_buf && err_len) err_buf[0] = '\0';
+  if (group <= 0 || group > (int64_t(1) << 30))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize_group: group (=%lld) must be in [1, 2^30]", (long long)group);
+  if (cols > 0 && ld_scale < qb::cdiv(cols, group))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize_group: ld_scale (=%lld) must be >= ceil(cols / group) (=%lld)",
+                   (long long)ld_scale, (long long)qb::cdiv(cols, group));
+  // The grid holds one thread per lane of every group: keep its block count within CUDA's 2^31 - 1.
+  if (cols > 0 && rows > 0 && rows > (int64_t(1) << 36) / qb::cdiv(cols, group))
+    return err.set(QB_ERR_UNSUPPORTED, "qb_quantize_group: at most 2^36 groups (rows x ceil(cols / group))");
+  QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, QB_QUANT_DYNAMIC_GROUP, group, ld_scale,
+              nullptr, nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
+  return checked_quantize(a, x_dtype, q_dtype, "qb_quantize_group", err);
 }

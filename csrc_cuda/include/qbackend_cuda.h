@@ -161,7 +161,8 @@ void qb_set_programmatic_launch(int enabled);
 typedef enum qb_quant_mode {
   QB_QUANT_STATIC_TENSOR = 0,  /* scale is an input: one fp32 value */
   QB_QUANT_DYNAMIC_TENSOR = 1, /* scale is an output: one fp32 value over the whole [rows, cols] tensor */
-  QB_QUANT_DYNAMIC_TOKEN = 2   /* scale is an output: one fp32 value per row ([rows]) */
+  QB_QUANT_DYNAMIC_TOKEN = 2,  /* scale is an output: one fp32 value per row ([rows]) */
+  QB_QUANT_DYNAMIC_GROUP = 3   /* qb_quantize_group only: one fp32 value per `group` columns of a row */
 } qb_quant_mode;
 
 /* q = saturate(x / scale) with, for dynamic modes, scale = max(min(amax, *scale_ub) / qmax, 1 / (qmax * 512)).
@@ -180,6 +181,16 @@ int qb_quantize(const void* x, int64_t ldx, void* q, int64_t ldq, float* scale, 
                 char* err, size_t err_len);
 
 size_t qb_quantize_workspace_size(int64_t rows, int64_t cols, int mode);
+
+/* Per-token-group dynamic quantize (the activations of block-scaled FP8): for each row r and each
+ * group g of `group` consecutive columns (the last group of a row is shorter when group does not
+ * divide cols), scale[r * ld_scale + g] = max(amax / qmax, 1 / (qmax * 512)) over that group, and
+ * q = saturate(x / scale) over it; numerics and non-finite rules as qb_quantize, bit-identical to the
+ * reference provider. scale: [rows, ld_scale] fp32 row-major, ld_scale >= ceil(cols / group): the
+ * layout the block-scaled scaled_mm reads (QB_SCALE_BLOCK scale_a). One kernel, no workspace,
+ * capturable in CUDA graphs. rows == 0 returns QB_OK. */
+int qb_quantize_group(const void* x, int64_t ldx, void* q, int64_t ldq, float* scale, int64_t ld_scale, int64_t rows,
+                      int64_t cols, int64_t group, int x_dtype, int q_dtype, void* stream, char* err, size_t err_len);
 
 /* Tuning and tests only: for the calling thread's later DYNAMIC_TOKEN calls, force the kernel
  * (token_kernel: -1 automatic, 0 one block per row, 1 persistent row-pipelined where the row fits)

@@ -193,10 +193,11 @@ def test_random_quantize(monkeypatch, i):
     kw = r.choice([dict(granularity="token"), dict(granularity="tensor"),
                    dict(granularity="token", scale_ub=torch.tensor([magnitude], device=DEV)),
                    dict(granularity="tensor", scale_ub=torch.tensor(magnitude / 2, device=DEV)),
-                   dict(scale=torch.tensor(magnitude / 100, device=DEV))])
+                   dict(scale=torch.tensor(magnitude / 100, device=DEV)),
+                   dict(granularity="group", group_size=r.choice([64, 128]))])
     what = dict(shape=tuple(x.shape), stride=tuple(x.stride()), x=x_dtype, q=dtype, **kw)
     problem = validate_quantize(x, dtype, kw.get("granularity", "tensor"), kw.get("scale"), kw.get("scale_ub"),
-                                128, (128, 128))
+                                kw.get("group_size", 128), (128, 128))
     what["provider"] = served_by("quantize", problem)
     poison()
     q, s = qbackend.quantize(x, dtype, **kw)
