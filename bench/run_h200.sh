@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qgroup|qsweep|bench|qbackend_bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
+#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qgroup|block|qsweep|bench|qbackend_bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -60,6 +60,8 @@ for step in $steps; do
       timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_bench_gpu.py 2>&1 | tail -5
       timeout 240 python3 -m qbackend bench --shapes 4096x4096,28672x4096,8192x8192 --m 1,16,256,4096 \
         --json "$OUT/qbackend_bench_h200.json" --png "$OUT/qbackend_bench_h200.png" 2>&1 | tee "$OUT/qbackend_bench_h200.txt" ;;
+    block)  # block-scaled FP8: qbackend against torch's cuBLASLt blockwise, Triton and bf16 (issue grid)
+      timeout 560 python3 bench/bench_block_fp8.py --out "$OUT/block_fp8_h200.json" 2>&1 | grep -v Warning ;;
     qgroup)  # per-token-group (1 x 128) quantize against torch.compile, after its GPU test
       timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_quantize_group.py 2>&1 | tail -3
       timeout 150 python3 bench/bench_quantize.py --granularity group --out "$OUT/quantize_group_h200.json" 2>&1 ;;

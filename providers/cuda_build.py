@@ -328,7 +328,7 @@ def pending_objects(build_dir: Path) -> list:
 
 # Below this many jobs the sm_90a bf16 and fp16 instantiations compile as one unit each (CMake's
 # QB_PAIR_OUTPUT_TYPES): the CUTLASS headers are parsed once for both. On a 2-core machine this took the
-# all-arch build from 27.7 to {paired_minutes} min; from 12 jobs up, twice the units in flight wins.
+# all-arch build from 27.7 to 19.1 min; from 12 jobs up, twice the units in flight wins.
 PAIR_BELOW_JOBS = 12
 
 
