@@ -1,15 +1,17 @@
 """libqbackend_cuda's per-token-group quantize (qb_quantize_group), bit-exact against the reference
 provider run on the same GPU, and the public API routing to it.
 
-Each case poisons q (0x7f bytes) and the scales (NaN) first, then compares the bytes of q and the bits
-of every scale. Shapes cover the 16-byte path (cols and group multiples of 8 bf16 / 4 fp32 elements),
-the scalar path (odd cols, odd offsets, a group the vector width does not divide), a shorter last
-group (K = 7168 + 64), strided rows and scale rows, groups wider than one vector per lane, and many
-rows (the grid holds one thread per lane of every group).
+Each case poisons q (0x7f bytes) and the scales (NaN) first, then compares the bytes of q and the
+bits of every scale (NaN positions included, NaN payloads aside). Shapes cover the 16-byte path
+(cols and group multiples of 8 bf16 / 4 fp32 elements), the scalar path (odd cols, odd offsets, a
+group the vector width does not divide), a shorter last group (K = 7168 + 64), strided rows and
+scale rows, groups wider than one vector per lane, and many rows (the grid holds one thread per
+lane of every group).
 """
 
 import pytest
 import torch
+from nonfinite_corpus import same_bits
 
 import qbackend
 from qbackend.validate import validate_quantize
@@ -50,14 +52,6 @@ def _native(x, qdtype, group, scale_rows_extra=0):
     return q, scale
 
 
-def _same_bits(a, b, what):
-    av, bv = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-    if not torch.equal(av, bv):
-        bad = (av != bv).nonzero()
-        i = tuple(bad[0].tolist())
-        pytest.fail(f"{what}: {bad.shape[0]} bytes differ; first at {i}: got {av[i].item():#x} want {bv[i].item():#x}")
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("xdtype", X_DTYPES, ids=str)
 @pytest.mark.parametrize("qdtype", Q_DTYPES, ids=str)
@@ -69,8 +63,8 @@ def test_bit_exact_against_the_reference(shape, xdtype, qdtype):
     torch.cuda.synchronize()
     q_ref, s_ref = reference_quantize(x, qdtype, "group", None, None, group, None)
     assert s.shape == s_ref.shape == (rows, -(-cols // group))
-    _same_bits(s, s_ref, "scale")
-    _same_bits(q, q_ref, "q")
+    same_bits(s, s_ref, "scale")
+    same_bits(q, q_ref, "q")
 
 
 @pytest.mark.parametrize("qdtype", Q_DTYPES, ids=str)
@@ -89,8 +83,8 @@ def test_non_finite_values_follow_the_reference(qdtype):
         xx = x.to(xdtype)
         q, s = _native(xx, qdtype, 128)
         q_ref, s_ref = reference_quantize(xx, qdtype, "group", None, None, 128, None)
-        _same_bits(s, s_ref, f"{xdtype} scale")
-        _same_bits(q, q_ref, f"{xdtype} q")
+        same_bits(s, s_ref, f"{xdtype} scale")
+        same_bits(q, q_ref, f"{xdtype} q")
 
 
 def test_public_api_routes_to_the_kernel_and_feeds_the_block_gemm():
@@ -101,8 +95,8 @@ def test_public_api_routes_to_the_kernel_and_feeds_the_block_gemm():
     q, s = qbackend.quantize(x, torch.float8_e4m3fn, "group", group_size=128)
     assert s.shape == (2, 9, 57) and s.is_contiguous()
     q_ref, s_ref = reference_quantize(x, torch.float8_e4m3fn, "group", None, None, 128, None)
-    _same_bits(s, s_ref, "scale")
-    _same_bits(q, q_ref, "q")
+    same_bits(s, s_ref, "scale")
+    same_bits(q, q_ref, "q")
     w = torch.randn(2112, 7232, device=DEV, generator=g)
     qw, sw = qbackend.quantize(w, torch.float8_e4m3fn, "block", block_size=(128, 128))
     out = qbackend.scaled_mm(q.reshape(18, 7232), qw.t(), s.reshape(18, 57), sw.t(), out_dtype=torch.bfloat16)
@@ -128,8 +122,8 @@ def test_graph_capture_replays_with_new_inputs():
         s.fill_(float("nan"))
         graph.replay()
         q_ref, s_ref = reference_quantize(x, torch.float8_e4m3fn, "group", None, None, 128, None)
-        _same_bits(s, s_ref, "scale")
-        _same_bits(q, q_ref, "q")
+        same_bits(s, s_ref, "scale")
+        same_bits(q, q_ref, "q")
 
 
 def test_bad_arguments_raise_before_any_launch():
