@@ -114,6 +114,13 @@ def plot(rows, path):
     fig.savefig(path, dpi=100)
 
 
+def save(path, rows, skipped):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
+                   "skipped": skipped}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -147,10 +154,7 @@ def main():
                   + f"  x{ours / best_other:.2f} vs best other", flush=True)
         del weights
         torch.cuda.empty_cache()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
-                   "skipped": skipped}, f, indent=1)
+        save(args.out, rows, skipped)  # after every shape: a run cut short keeps what it measured
     plot(rows, os.path.splitext(args.out)[0] + ".png")
     for s in skipped[:20]:
         print("skipped:", s)
