@@ -138,7 +138,8 @@ class CutlassProvider(Provider):
         return "scaled_mm_fp8", _fp8_variants
 
     def runtime_verdict(self, device, problem):
-        if problem.a_dtype in (torch.bfloat16, torch.float16) and problem.out_dtype != problem.a_dtype:
+        if (problem.op is Op.SCALED_MM and problem.a_dtype in (torch.bfloat16, torch.float16)
+                and problem.out_dtype != problem.a_dtype):
             return Verdict(False, "W8A16 writes its output in the activation dtype "
                                   f"({qd.dtype_name(problem.a_dtype)}), not {qd.dtype_name(problem.out_dtype)}")
         if problem.scale_b is Granularity.BLOCK and problem.op is Op.SCALED_MM:

@@ -6,9 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
-from qbackend import golden
+import qbackend
+from qbackend import golden, registry
 from qbackend.problem import PROBLEM_KINDS
+from qbackend.validate import validate_quantize
 
 R, C, M, H, T = "reference", "cutlass", "marlin", "hipblaslt", "torch"
 # kinds: fp8_w8a8_per_tensor, fp8_w8a8_per_token_channel, fp8_w8a16, int8_w8a8, fp8_block
@@ -217,3 +220,21 @@ def representative_e4m3fn():
     from qbackend.problem import representative
 
     return representative("fp8_w8a8_per_tensor", torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_89", "sm_90"])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_activation_quantize_runs_on_the_cuda_kernels(monkeypatch, arch, x_dtype):
+    """Dynamic per-tensor, per-token and per-group quantize of 16- and 32-bit activations go to the
+    cutlass provider's CUDA kernels on every NVIDIA arch it builds for (the W8A16 rule of its GEMMs,
+    which also takes 16-bit inputs, must not refuse them)."""
+    monkeypatch.setenv("QBACKEND_SIMULATE", arch)
+    registry.reload()
+    try:
+        x = torch.empty(9, 7232, dtype=x_dtype)
+        for granularity in ("tensor", "token", "group"):
+            problem = validate_quantize(x, torch.float8_e4m3fn, granularity, None, None, 128, (128, 128))
+            assert qbackend.select(problem).name == "cutlass", (arch, x_dtype, granularity)
+    finally:
+        monkeypatch.delenv("QBACKEND_SIMULATE")
+        registry.reload()

@@ -184,7 +184,8 @@ def test_group_quantize_with_a_shorter_last_group(dtype, gen):
         assert torch.equal(qg.view(torch.uint8), q[:, g * 128:(g + 1) * 128].view(torch.uint8)), g
     back = qbackend.dequantize(q, s, torch.float32, group_size=128)
     rel = ((back - x.float()).abs() / x.float().abs().amax(dim=1, keepdim=True)).max().item()
-    assert rel < 0.07
+    # half a step of the format's mantissa, relative to the row's largest value
+    assert rel <= 1.01 * {torch.int8: 0.5 / 127}.get(dtype, 2.0 ** -4 if "e4m3" in str(dtype) else 2.0 ** -3), rel
 
 
 def test_group_size_is_never_guessed(gen):
