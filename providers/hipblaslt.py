@@ -173,7 +173,10 @@ class HipBlasLtProvider(Provider):
         """The cached plan for this shape, with this call's scale and bias pointers set."""
         M, K = a.shape
         N = b.shape[1]
-        key = (a.device, a.dtype, b.dtype, out_dtype, bias is not None, M, N, K, a.stride(0), b.stride(1))
+        # A single row's stride is arbitrary in torch (a [1, K] view may report 1); hipBLASLt
+        # requires ld >= K for a's K x M layout, and with one row any such ld reads the same bytes.
+        lda = a.stride(0) if M > 1 else K
+        key = (a.device, a.dtype, b.dtype, out_dtype, bias is not None, M, N, K, lda, b.stride(1))
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
@@ -185,14 +188,14 @@ class HipBlasLtProvider(Provider):
         #     D (N x M, col-major) = op(A) @ op(B)   with A := b, B := a:
         # * b is [K, N] column-major: b[k, n] sits at k + n * b.stride(1), i.e. a column-major K x N
         #   matrix with ld = b.stride(1). We need b^T (N x K): TRANSA = T on a K x N layout.
-        # * a is [M, K] row-major with row stride a.stride(0) (>= K for sliced rows): a[m, k] sits at
-        #   m * a.stride(0) + k, i.e. a column-major K x M matrix (a^T) with ld = a.stride(0), which is
-        #   already the K x M operand needed: TRANSB = N on a K x M layout.
+        # * a is [M, K] row-major with row stride lda (>= K for sliced rows): a[m, k] sits at
+        #   m * lda + k, i.e. a column-major K x M matrix (a^T) with ld = lda, which is already the
+        #   K x M operand needed: TRANSB = N on a K x M layout.
         # * D and C (unused, beta = 0) are N x M with ld = N (out is contiguous [M, N]).
         # This is the "TN" form, the one hipBLASLt's FP8 kernels are built for.
         plan = _Plan()
         plan.layout_a = self._layout(b.dtype, K, N, b.stride(1))
-        plan.layout_b = self._layout(a.dtype, K, M, a.stride(0))
+        plan.layout_b = self._layout(a.dtype, K, M, lda)
         plan.layout_d = self._layout(out_dtype, N, M, N)
         plan.desc = _check("hipblasLtMatmulDescCreate",
                            hb.hipblasLtMatmulDescCreate(_enum(hb, "hipblasComputeType_t", "HIPBLAS_COMPUTE_32F"),

@@ -133,6 +133,8 @@ class FakeHipBlasLt:
 
     def hipblasLtMatrixLayoutCreate(self, dtype, rows, cols, ld):
         self.calls.append(("hipblasLtMatrixLayoutCreate", (DataType(dtype), rows, cols, ld)))
+        if ld < rows:  # column-major: the library refuses a leading dimension below the row count
+            return Status.HIPBLAS_STATUS_INVALID_VALUE, None
         layout = self._new()
         self.layouts[layout] = (DataType(dtype), rows, cols, ld)
         return self._ret("hipblasLtMatrixLayoutCreate", layout)
@@ -257,6 +259,19 @@ def test_matches_reference(fake, gen, M, out_dtype, bias):
         out, expected = _run(provider, fake, *ops)
         assert out.shape == (M, N) and out.dtype == out_dtype and out.is_contiguous()
         torch.testing.assert_close(out, expected)
+
+
+def test_one_row_with_a_small_row_stride(fake, gen):
+    """A [1, K] view may report any row stride (here 1, below K); the layout must still say ld >= K."""
+    M, N, K = 1, 32, 64
+    a, b, scale_a, scale_b, out_dtype, bias = _operands(gen, M, N, K)
+    a = torch.as_strided(a.contiguous(), (1, K), (1, 1))
+    assert a.stride(0) < K
+    provider = hl.HipBlasLtProvider(bindings=fake)
+    out, expected = _run(provider, fake, a, b, scale_a, scale_b, out_dtype, bias)
+    torch.testing.assert_close(out, expected)
+    layouts = [args for name, args in fake.calls if name == "hipblasLtMatrixLayoutCreate"]
+    assert layouts[1][1:] == (K, M, K)
 
 
 @pytest.mark.parametrize("a_dtype,b_dtype", [(FNUZ_E4M3, FNUZ_E5M2), (FNUZ_E5M2, FNUZ_E4M3),
