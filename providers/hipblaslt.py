@@ -22,7 +22,7 @@ import torch
 import qbackend
 from qbackend import dtypes as qd
 from qbackend.problem import Op, Verdict
-from qbackend.provider import Provider, Rule, granularities
+from qbackend.provider import Declined, Provider, Rule, granularities
 
 HIP = frozenset({"hip"})
 _OUT = frozenset(qd.OUT_DTYPES)
@@ -123,8 +123,9 @@ class HipBlasLtProvider(Provider):
         self._lock = threading.Lock()
         self._handles = {}          # device -> hipblasLtHandle_t
         self._workspaces = {}       # device -> uint8 tensor of WORKSPACE_BYTES
-        # (device, dtypes, M, N, K, strides, bias) -> _Plan, least recently used first; at most
-        # PLANS_MAX (a server's changing batch sizes would otherwise grow it without end)
+        # (device, dtypes, M, N, K, strides, bias) -> _Plan, or the reason the shape is declined; least
+        # recently used first, at most PLANS_MAX (a server's changing batch sizes would otherwise
+        # grow it without end)
         self._plans = OrderedDict()
 
     @property
@@ -180,6 +181,8 @@ class HipBlasLtProvider(Provider):
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
+            if isinstance(plan, str):
+                raise Declined(plan)
             self._set_pointers(plan.desc, scale_a, scale_b, bias)
             return plan
         hb = self.bindings
@@ -228,20 +231,32 @@ class HipBlasLtProvider(Provider):
                                                               plan.layout_d, plan.layout_d, preference, 1, results))
         finally:
             _check("hipblasLtMatmulPreferenceDestroy", hb.hipblasLtMatmulPreferenceDestroy(preference))
+        why = None
         if not found:
-            raise RuntimeError(f"qbackend hipblaslt: hipblasLtMatmulAlgoGetHeuristic found no algorithm for "
-                               f"{qd.dtype_name(a.dtype)} x {qd.dtype_name(b.dtype)} -> "
-                               f"{qd.dtype_name(out_dtype)}, M={M} N={N} K={K}")
+            why = (f"hipblasLtMatmulAlgoGetHeuristic found no algorithm for {qd.dtype_name(a.dtype)} x "
+                   f"{qd.dtype_name(b.dtype)} -> {qd.dtype_name(out_dtype)}, M={M} N={N} K={K}")
+        elif int(results.workspaceSize) > WORKSPACE_BYTES:
+            why = (f"the algorithm hipBLASLt chose needs {int(results.workspaceSize)} bytes of workspace, "
+                   f"more than the {WORKSPACE_BYTES} allocated")
+        if why is not None:
+            # Nothing was enqueued: decline, so the call goes on to the next provider; the shape's
+            # verdict is kept (an LRU entry like a plan) so later calls decline without asking again.
+            self._destroy(plan)
+            self._plans[key] = why
+            self._trim()
+            raise Declined(why)
         plan.heuristic = results        # keeps the algo's storage alive
         plan.algo = results.algo
         plan.workspace_size = int(results.workspaceSize)
-        if plan.workspace_size > WORKSPACE_BYTES:
-            raise RuntimeError(f"qbackend hipblaslt: the chosen algorithm needs {plan.workspace_size} bytes of "
-                               f"workspace, more than the {WORKSPACE_BYTES} allocated")
         self._plans[key] = plan
-        while len(self._plans) > PLANS_MAX:
-            self._destroy(self._plans.popitem(last=False)[1])
+        self._trim()
         return plan
+
+    def _trim(self) -> None:
+        while len(self._plans) > PLANS_MAX:
+            dropped = self._plans.popitem(last=False)[1]
+            if isinstance(dropped, _Plan):
+                self._destroy(dropped)
 
     def _destroy(self, plan: _Plan) -> None:
         """Free a dropped plan's descriptors. Called under self._lock, so no call is between

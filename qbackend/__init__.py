@@ -17,7 +17,7 @@ from .hookspecs import hookimpl
 from .nn import QuantLinear, calibrate, calibration, quantize_model
 from .probe import DeviceInfo, device_info
 from .problem import PROBLEM_KINDS, Granularity, Op, Problem, Verdict
-from .provider import Provider, Rule
+from .provider import Declined, Provider, Rule
 from .registry import NoProviderError
 from .selection import explain, select, selection_table
 from .weights import PreparedWeight, prepare_weight
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = ["scaled_mm", "quantize", "dequantize", "prepare_weight", "linear", "PreparedWeight",
            "select", "explain", "selection_table",
-           "device_info", "DeviceInfo", "Provider", "Rule", "Problem", "Verdict", "Granularity",
+           "device_info", "DeviceInfo", "Provider", "Declined", "Rule", "Problem", "Verdict", "Granularity",
            "Op", "PROBLEM_KINDS", "NoProviderError", "hookimpl", "native_fp8_dtype", "to_fnuz",
            "QuantLinear", "quantize_model", "calibrate", "calibration", "load_checkpoint",
            "load_quantized", "load_gguf", "save_quantized", "convert_checkpoint", "CheckpointError"]

@@ -35,8 +35,8 @@ def scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size=128):
     if a.numel() == 0:
         return a.new_empty(tuple(lead) + (N,), dtype=problem.out_dtype)
     a2, scale_a2 = _flatten_a(a, scale_a)
-    provider = registry.get().select(probe.device_info(a.device), problem)
-    out = provider.scaled_mm(a2, b, scale_a2, scale_b, problem.out_dtype, bias, problem)
+    out = registry.get().run(probe.device_info(a.device), problem,
+                             lambda p: p.scaled_mm(a2, b, scale_a2, scale_b, problem.out_dtype, bias, problem))
     return out.reshape(tuple(lead) + (N,))
 
 
@@ -47,8 +47,9 @@ def quantize_impl(x, dtype, granularity, scale, scale_ub, group_size, block_size
         # An empty tensor's amax is 0: its dynamic scale is the minimum scale.
         return (torch.empty_like(x, dtype=dtype),
                 scale if scale is not None else x.new_full(shape, qd.min_scale(dtype), dtype=torch.float32))
-    provider = registry.get().select(probe.device_info(x.device), problem)
-    return provider.quantize(x, dtype, granularity, scale, scale_ub, group_size, block_size, problem)
+    return registry.get().run(probe.device_info(x.device), problem,
+                              lambda p: p.quantize(x, dtype, granularity, scale, scale_ub, group_size, block_size,
+                                                   problem))
 
 
 @custom_op("qbackend::scaled_mm", mutates_args=())

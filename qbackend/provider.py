@@ -114,6 +114,13 @@ class Rule:
         return 8, None
 
 
+class Declined(RuntimeError):
+    """Raised by a provider's scaled_mm / quantize, before it enqueues anything, when it cannot serve
+    this particular call although its rules accepted the problem (a library finds no algorithm for
+    the shape, say). The call goes on to the next provider that accepts the problem, with a warning
+    naming the reason, once per provider and problem. The message is the reason."""
+
+
 @dataclass
 class Provider:
     """Base class of every provider, built-in or third-party."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from . import bounded, fallback, plugins, probe
 from .probe import DeviceInfo
 from .problem import Problem, Verdict
+from .provider import Declined
 
 FORCE_ENV = "QBACKEND_PROVIDER"
 DISABLE_ENV = "QBACKEND_DISABLE"
@@ -124,6 +125,38 @@ class Registry:
             raise NoProviderError(f"qbackend: no provider serves {problem.describe()} on "
                                   f"{device.arch}: {decision.reason()}")
         return decision.provider
+
+    def run(self, device: DeviceInfo, problem: Problem, call):
+        """call(provider) on the selected provider. One that raises Declined passes the call to the
+        next provider, in priority order, that accepts the problem (a forced provider's decline is
+        an error: the user asked for that provider)."""
+        provider = self.select(device, problem)
+        decision = self.decide(device, problem)
+        try:
+            return call(provider)
+        except Declined as exc:
+            if decision.how == "forced":
+                raise NoProviderError(f"qbackend: {provider.name} (forced by {FORCE_ENV}) declined "
+                                      f"{problem.describe()}: {exc}") from exc
+            declined = [(provider.name, str(exc))]
+        for name, verdict in decision.verdicts:
+            if not verdict.ok or name in self.disabled or name in dict(declined):
+                continue
+            self._warn_declined(device, problem, declined, name)
+            try:
+                return call(self.providers[name])
+            except Declined as exc:
+                declined.append((name, str(exc)))
+        raise NoProviderError(f"qbackend: every provider that accepts {problem.describe()} on {device.arch} "
+                              "declined it: " + "; ".join(f"{n}: {why}" for n, why in declined))
+
+    def _warn_declined(self, device: DeviceInfo, problem: Problem, declined: list, served_by: str) -> None:
+        key = (device.key, problem, tuple(n for n, _ in declined))
+        if key not in self._warned:
+            self._warned.put(key, True)
+            why = "; ".join(f"{n} declined: {reason}" for n, reason in declined)
+            warnings.warn(f"qbackend: {problem.describe()} on {device.arch}: {why}; served by {served_by}",
+                          stacklevel=4)
 
     def native_libraries(self) -> list:
         libs = []

@@ -14,6 +14,7 @@ import types
 import pytest
 import torch
 
+import qbackend
 from helpers import rand_q, rand_scale
 from qbackend.probe import DeviceInfo
 from qbackend.validate import validate_scaled_mm
@@ -370,11 +371,49 @@ def test_failing_status_raises(fake, gen, call, status):
         _run(provider, fake, *_operands(gen, 7, 16, 32))
 
 
-def test_no_algorithm_raises(fake, gen, monkeypatch):
+def test_no_algorithm_declines_once_per_shape(fake, gen, monkeypatch):
+    """No algorithm from the heuristic: the provider declines (nothing enqueued, its descriptors
+    freed), and a later call of the same shape declines without asking the heuristic again."""
     provider = hl.HipBlasLtProvider(bindings=fake)
     monkeypatch.setattr(fake, "hipblasLtMatmulAlgoGetHeuristic", lambda *args: (Status.HIPBLAS_STATUS_SUCCESS, 0))
-    with pytest.raises(RuntimeError, match="found no algorithm"):
-        _run(provider, fake, *_operands(gen, 7, 16, 32))
+    destroyed = []
+    monkeypatch.setattr(fake, "hipblasLtMatmulDescDestroy", lambda desc: destroyed.append(desc), raising=False)
+    monkeypatch.setattr(fake, "hipblasLtMatrixLayoutDestroy", lambda lay: destroyed.append(lay), raising=False)
+    ops = _operands(gen, 7, 16, 32)
+    for _ in range(2):
+        with pytest.raises(qbackend.Declined, match="found no algorithm"):
+            _run(provider, fake, *ops)
+    assert fake.names().count("hipblasLtMatmulDescCreate") == 1 and len(destroyed) == 4
+    assert "hipblasLtMatmul" not in fake.names()
+
+
+def test_a_declined_call_is_served_by_the_next_provider(fake, gen, monkeypatch):
+    """Through the public API on a (pretended) MI300: hipblaslt declines, the call is served by the
+    next provider that accepts the problem, with one warning naming the reason."""
+    import warnings
+
+    from qbackend import probe, registry
+
+    monkeypatch.setattr(fake, "hipblasLtMatmulAlgoGetHeuristic", lambda *args: (Status.HIPBLAS_STATUS_SUCCESS, 0))
+    provider = hl.HipBlasLtProvider(bindings=fake)
+    monkeypatch.setenv("QBACKEND_DISABLE", "torch")  # the reference is then the next: it runs on the CPU
+    reg = registry.reload()
+    monkeypatch.setitem(reg.providers, "hipblaslt", provider)
+    monkeypatch.setattr(probe, "device_info", lambda device=None: _mi300())
+    a, b, scale_a, scale_b, out_dtype, bias = _operands(gen, 7, 16, 32)
+    fake.register(a, b, scale_a, scale_b, bias)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = qbackend.scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype)
+        out2 = qbackend.scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype)
+    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, None)
+    torch.testing.assert_close(out, reference_scaled_mm(a, b, scale_a, scale_b, out_dtype, None, problem))
+    torch.testing.assert_close(out2, out)
+    declined = [str(w.message) for w in caught if "declined" in str(w.message)]
+    assert len(declined) == 1 and "hipblaslt declined: hipblasLtMatmulAlgoGetHeuristic found no algorithm" \
+        in declined[0], declined
+    monkeypatch.delenv("QBACKEND_DISABLE")
+    registry.reload()
 
 
 def _mi300(simulated=False):
