@@ -119,22 +119,32 @@ def group_rows(impls, compiled):
         native.quantize_group(xs[0], qs[0], ss[0], GROUP)
         assert torch.equal(qs[0].view(torch.uint8), q_ref.view(torch.uint8)), "qbackend != reference (q)"
         assert torch.equal(ss[0], s_ref), "qbackend != reference (scales)"
-        line = []
-        for impl in impls:
-            if impl == "qbackend":
-                fns = native_fns
-            elif impl == "torch.eager":
-                fns = [lambda x=x: torch_group_quant(x) for x in xs]
-            else:
-                compiled(xs[0])
-                fns = [lambda x=x: compiled(x) for x in xs]
-            us = graph_time(fns)
-            rows.append({"M": M, "K": K, "granularity": "group", "impl": impl, "us": us, "bytes": nbytes})
-            line.append(f"{impl}={us:.2f}us ({nbytes / us / 1e6:.2f} TB/s)")
+        times, line = time_impls(impls, xs, native_fns, torch_group_quant, compiled, nbytes)
+        rows += [{"M": M, "K": K, "granularity": "group", "impl": i, "us": us, "bytes": nbytes} for i, us in times]
         print(f"group {GROUP}: M={M} K={K} " + " ".join(line), flush=True)
-        del xs, qs, ss, native_fns, fns
+        del xs, qs, ss, native_fns
         torch.cuda.empty_cache()
     return rows
+
+
+def time_impls(impls, xs, native_fns, eager, compiled, nbytes, after_qbackend=None):
+    """[(impl, us)] and the log line's parts: each implementation over the input copies, graph-timed.
+    after_qbackend(fns) may add log-only parts after qbackend's."""
+    times, line = [], []
+    for impl in impls:
+        if impl == "qbackend":
+            fns = native_fns
+        elif impl == "torch.eager":
+            fns = [lambda x=x: eager(x) for x in xs]
+        else:
+            compiled(xs[0])  # compile outside the graph capture
+            fns = [lambda x=x: compiled(x) for x in xs]
+        us = graph_time(fns)
+        times.append((impl, us))
+        line.append(f"{impl}={us:.2f}us ({nbytes / us / 1e6:.2f} TB/s)")
+        if impl == "qbackend" and after_qbackend is not None:
+            line += after_qbackend(fns)
+    return times, line
 
 
 def plot(rows, path):
@@ -195,24 +205,14 @@ def token_rows(impls, compiled):
         q_ref = torch.div(xs[0].float(), s_ref).clamp(-448.0, 448.0).to(F8)
         native.quantize(xs[0], qs[0], ss[0], native.DYNAMIC_TOKEN)
         assert torch.equal(qs[0].view(torch.uint8), q_ref.view(torch.uint8)), "qbackend != reference"
-        line = []
-        for impl in impls:
-            if impl == "qbackend":
-                fns = native_fns
-            elif impl == "torch.eager":
-                fns = [lambda x=x: torch_quant(x) for x in xs]
-            else:
-                compiled(xs[0])  # compile outside the graph capture
-                fns = [lambda x=x: compiled(x) for x in xs]
-            us = graph_time(fns)
-            rows.append({"M": M, "K": K, "impl": impl, "us": us, "bytes": nbytes})
-            line.append(f"{impl}={us:.2f}us ({nbytes / us / 1e6:.2f} TB/s)")
-            if impl == "qbackend":  # log only: each forced per-token kernel
-                for kern, vecs, kname in ((0, 1, "block/1"), (0, 2, "block/2"), (0, 4, "block/4"),
-                                          (1, 0, "pipelined")):
-                    line.append(f"[{kname}={forced_time(fns, kern, vecs):.2f}us]")
+        def forced(fns):  # log only: each forced per-token kernel
+            return [f"[{name}={forced_time(fns, kern, vecs):.2f}us]" for kern, vecs, name in
+                    ((0, 1, "block/1"), (0, 2, "block/2"), (0, 4, "block/4"), (1, 0, "pipelined"))]
+
+        times, line = time_impls(impls, xs, native_fns, torch_quant, compiled, nbytes, forced)
+        rows += [{"M": M, "K": K, "impl": i, "us": us, "bytes": nbytes} for i, us in times]
         print(f"M={M} K={K} " + " ".join(line), flush=True)
-        del xs, qs, ss, native_fns, fns
+        del xs, qs, ss, native_fns
         torch.cuda.empty_cache()
     return rows
 
