@@ -194,6 +194,12 @@ def main():
     plot(rows, os.path.splitext(args.out)[0] + ".png")
 
 
+def forced_kernels(fns):
+    """Log only: the per-token call timed with each of its kernels forced."""
+    return [f"[{name}={forced_time(fns, kern, vecs):.2f}us]" for kern, vecs, name in
+            ((0, 1, "block/1"), (0, 2, "block/2"), (0, 4, "block/4"), (1, 0, "pipelined"))]
+
+
 def token_rows(impls, compiled):
     rows = []
     for (M, K) in SHAPES:
@@ -205,11 +211,7 @@ def token_rows(impls, compiled):
         q_ref = torch.div(xs[0].float(), s_ref).clamp(-448.0, 448.0).to(F8)
         native.quantize(xs[0], qs[0], ss[0], native.DYNAMIC_TOKEN)
         assert torch.equal(qs[0].view(torch.uint8), q_ref.view(torch.uint8)), "qbackend != reference"
-        def forced(fns):  # log only: each forced per-token kernel
-            return [f"[{name}={forced_time(fns, kern, vecs):.2f}us]" for kern, vecs, name in
-                    ((0, 1, "block/1"), (0, 2, "block/2"), (0, 4, "block/4"), (1, 0, "pipelined"))]
-
-        times, line = time_impls(impls, xs, native_fns, torch_quant, compiled, nbytes, forced)
+        times, line = time_impls(impls, xs, native_fns, torch_quant, compiled, nbytes, forced_kernels)
         rows += [{"M": M, "K": K, "impl": i, "us": us, "bytes": nbytes} for i, us in times]
         print(f"M={M} K={K} " + " ".join(line), flush=True)
         del xs, qs, ss, native_fns
