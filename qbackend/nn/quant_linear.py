@@ -53,10 +53,6 @@ class QuantLinear(nn.Module):
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.scheme = get_scheme(scheme)
-        if self.scheme.weight_granularity == "block" and self.in_features % self.scheme.block_size[1]:
-            raise ValueError(f"QuantLinear: block scheme {self.scheme.name} needs in_features "
-                             f"({self.in_features}) to be a multiple of the block's K extent "
-                             f"({self.scheme.block_size[1]})")
         self.register_buffer("weight", torch.zeros(
             (self.out_features, self.in_features), dtype=self.scheme.weight_dtype, device=device))
         self.register_buffer("weight_scale", torch.ones(
