@@ -119,19 +119,23 @@ class Registry:
             warnings.warn(fallback.message(device, problem, decision), stacklevel=3)
 
     def select(self, device: DeviceInfo, problem: Problem):
+        return self._served(device, problem).provider
+
+    def _served(self, device: DeviceInfo, problem: Problem) -> Decision:
+        """The decision for a call: warns of a reference fallback, raises when no provider serves."""
         decision = self.decide(device, problem)
         self._warn_if_fallback(device, problem, decision)
         if decision.provider is None:
             raise NoProviderError(f"qbackend: no provider serves {problem.describe()} on "
                                   f"{device.arch}: {decision.reason()}")
-        return decision.provider
+        return decision
 
     def run(self, device: DeviceInfo, problem: Problem, call):
         """call(provider) on the selected provider. One that raises Declined passes the call to the
         next provider, in priority order, that accepts the problem (a forced provider's decline is
         an error: the user asked for that provider)."""
-        provider = self.select(device, problem)
-        decision = self.decide(device, problem)
+        decision = self._served(device, problem)
+        provider = decision.provider
         try:
             return call(provider)
         except Declined as exc:
