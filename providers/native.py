@@ -343,6 +343,17 @@ def quantize_workspace_size(rows: int, cols: int, mode: int) -> int:
     return int(_need().qb_quantize_workspace_size(rows, cols, mode))
 
 
+def _rows_and_strides(fn: str, x2d: torch.Tensor, q: torch.Tensor) -> tuple:
+    """(rows, cols, ldx, ldq) of a quantize call's x and q, after the checks both entry points share:
+    unit column strides and q of x's shape. A single row's stride is its length, whatever torch says."""
+    rows, cols = x2d.shape
+    if x2d.stride(1) != 1 and cols > 1:
+        raise ValueError(f"{fn}: x must have unit column stride, got strides {tuple(x2d.stride())}")
+    if q.shape != x2d.shape or (q.stride(1) != 1 and cols > 1):
+        raise ValueError(f"{fn}: q must be {tuple(x2d.shape)} with unit column stride")
+    return rows, cols, (x2d.stride(0) if rows > 1 else cols), (q.stride(0) if rows > 1 else cols)
+
+
 def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
              scale_ub: torch.Tensor | float | None = None, workspace: torch.Tensor | None = None) -> None:
     """q = saturate(x2d / scale) into the preallocated q; scale is read (STATIC_TENSOR) or written.
@@ -354,11 +365,7 @@ def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
     library accumulates in `scale` and needs one more tiny launch).
     """
     lib = _need()
-    rows, cols = x2d.shape
-    if x2d.stride(1) != 1 and cols > 1:
-        raise ValueError(f"quantize: x must have unit column stride, got strides {tuple(x2d.stride())}")
-    if q.shape != x2d.shape or (q.stride(1) != 1 and cols > 1):
-        raise ValueError(f"quantize: q must be {tuple(x2d.shape)} with unit column stride")
+    rows, cols, ldx, ldq = _rows_and_strides("quantize", x2d, q)
     if scale.dtype != torch.float32:
         raise TypeError("quantize: scale must be float32")
     want = rows if mode == DYNAMIC_TOKEN else 1
@@ -370,8 +377,6 @@ def quantize(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mode: int,
         raise ValueError("quantize: scale_ub must be a 1-element fp32 tensor")
     if rows == 0:
         return
-    ldx = x2d.stride(0) if rows > 1 else cols
-    ldq = q.stride(0) if rows > 1 else cols
     with _on_device(x2d.device) as dev:
         stream = torch.cuda.current_stream(dev).cuda_stream
         buf = _errbuf()
@@ -397,19 +402,13 @@ def quantize_group(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, grou
                            "(`qbackend build`)")
     if not isinstance(group, int) or group <= 0:
         raise ValueError(f"quantize_group: group must be a positive int, got {group!r}")
-    rows, cols = x2d.shape
+    rows, cols, ldx, ldq = _rows_and_strides("quantize_group", x2d, q)
     groups = -(-cols // group)
-    if x2d.stride(1) != 1 and cols > 1:
-        raise ValueError(f"quantize_group: x must have unit column stride, got strides {tuple(x2d.stride())}")
-    if q.shape != x2d.shape or (q.stride(1) != 1 and cols > 1):
-        raise ValueError(f"quantize_group: q must be {tuple(x2d.shape)} with unit column stride")
     if scale.dtype != torch.float32 or scale.shape != (rows, groups) or (scale.stride(1) != 1 and groups > 1):
         raise ValueError(f"quantize_group: scale must be fp32 [{rows}, {groups}] with unit column stride, "
                          f"got {scale.dtype} {tuple(scale.shape)} strides {tuple(scale.stride())}")
     if rows == 0:
         return
-    ldx = x2d.stride(0) if rows > 1 else cols
-    ldq = q.stride(0) if rows > 1 else cols
     ld_scale = scale.stride(0) if rows > 1 else groups
     with _on_device(x2d.device) as dev:
         stream = torch.cuda.current_stream(dev).cuda_stream
