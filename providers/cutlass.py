@@ -77,7 +77,8 @@ def _fp8_variants(sm: int) -> tuple:
 
 
 def _int8_variants(sm: int) -> tuple:
-    return (80, 75) if sm >= 80 else (75,)
+    """Kernel families that can run int8 GEMMs on compute capability `sm`, best first."""
+    return (90, 80, 75) if sm == 90 else (80, 75) if sm >= 80 else (75,)
 
 
 def _sm90_only(sm: int) -> tuple:

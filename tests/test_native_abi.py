@@ -178,6 +178,7 @@ def test_sm90_token_rows_for_an_activation_buffer():
 
 def test_token_rows_is_m_where_nothing_pads():
     assert native.token_rows(72, 4096, 4096, 132, 128, a_dtype=torch.int8, variant=80) == 72
+    assert native.token_rows(72, 4096, 4096, 132, 128, a_dtype=torch.int8, variant=90) == 72
     assert native.token_rows(72, variant=89) == 72
     assert native.token_rows(0) == 0
 

@@ -101,6 +101,12 @@ size_t sm90_fp8_block_workspace(const ScaledMmArgs& args);
 int sm90_fp8_block_config_count();
 const char* sm90_fp8_block_config_name(int config);
 
+// INT8 on sm_90a (s8 WGMMA).
+int sm90_int8_scaled_mm(const ScaledMmArgs& args, const Err& err);
+size_t sm90_int8_workspace(const ScaledMmArgs& args);
+int sm90_int8_config_count();
+const char* sm90_int8_config_name(int config);
+
 int sm89_fp8_scaled_mm(const ScaledMmArgs& args, const Err& err);
 size_t sm89_fp8_workspace(const ScaledMmArgs& args);
 int sm89_fp8_config_count();

@@ -48,6 +48,9 @@ bool built(int a_dtype, int variant, bool block = false) {
     if (variant == QB_VARIANT_SM89) return true;
 #endif
   } else if (a_dtype == QB_I8) {
+#ifdef QB_HAS_SCALED_MM_INT8_90
+    if (variant == QB_VARIANT_SM90) return true;
+#endif
 #ifdef QB_HAS_SCALED_MM_INT8_80
     if (variant == QB_VARIANT_SM80) return true;
 #endif
@@ -68,11 +71,11 @@ int resolve_variant(int a_dtype, bool block, int variant, int cc, const qb::Err&
   const char* what = block ? "block-scaled e4m3" : dtype_name(a_dtype);
   if (variant == QB_VARIANT_AUTO) {
     static const int kFp8Order[] = {QB_VARIANT_SM90, QB_VARIANT_SM89};
-    static const int kInt8Order[] = {QB_VARIANT_SM80, QB_VARIANT_SM75};
+    static const int kInt8Order[] = {QB_VARIANT_SM90, QB_VARIANT_SM80, QB_VARIANT_SM75};
     static const int kSm90Only[] = {QB_VARIANT_SM90};
     const bool sm90_only = block || is_w8a16(a_dtype);
     const int* order = sm90_only ? kSm90Only : a_dtype == QB_E4M3 ? kFp8Order : kInt8Order;
-    const int count = sm90_only ? 1 : 2;
+    const int count = sm90_only ? 1 : a_dtype == QB_E4M3 ? 2 : 3;
     for (int i = 0; i < count; ++i) {
       if (built(a_dtype, order[i], block) && runs_on(order[i], cc)) {
         *out = order[i];
@@ -81,7 +84,7 @@ int resolve_variant(int a_dtype, bool block, int variant, int cc, const qb::Err&
     }
     return err.set(QB_ERR_UNSUPPORTED,
                    "qb_scaled_mm: no %s kernel in this library runs on compute capability %d.%d "
-                   "(fp8 needs 8.9+ with the sm89/sm90 families built, int8 7.5+ with sm75/sm80, "
+                   "(fp8 needs 8.9+ with the sm89/sm90 families built, int8 7.5+ with sm75/sm80/sm90, "
                    "w8a16 and block-scaled fp8 9.0 with sm90)",
                    what, cc / 10, cc % 10);
   }
@@ -105,6 +108,9 @@ size_t family_workspace(int variant, const qb::ScaledMmArgs& a) {
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
       if (a.block_scaled) return qb::sm90_fp8_block_workspace(a);
 #endif
+#ifdef QB_HAS_SCALED_MM_INT8_90
+      if (a.a_dtype == QB_I8) return qb::sm90_int8_workspace(a);
+#endif
       return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_workspace(a) : qb::sm90_fp8_workspace(a);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
@@ -126,6 +132,9 @@ int family_run(int variant, const qb::ScaledMmArgs& a, const qb::Err& err) {
     case QB_VARIANT_SM90:
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
       if (a.block_scaled) return qb::sm90_fp8_block_scaled_mm(a, err);
+#endif
+#ifdef QB_HAS_SCALED_MM_INT8_90
+      if (a.a_dtype == QB_I8) return qb::sm90_int8_scaled_mm(a, err);
 #endif
       return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_scaled_mm(a, err) : qb::sm90_fp8_scaled_mm(a, err);
 #endif
@@ -347,7 +356,11 @@ extern "C" int qb_scaled_mm_config_count(int a_dtype, int variant) {
   if (!built(a_dtype, variant)) return 0;
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
-    case QB_VARIANT_SM90: return is_w8a16(a_dtype) ? qb::sm90_w8a16_config_count() : qb::sm90_fp8_config_count();
+    case QB_VARIANT_SM90:
+#ifdef QB_HAS_SCALED_MM_INT8_90
+      if (a_dtype == QB_I8) return qb::sm90_int8_config_count();
+#endif
+      return is_w8a16(a_dtype) ? qb::sm90_w8a16_config_count() : qb::sm90_fp8_config_count();
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
     case QB_VARIANT_SM89: return qb::sm89_fp8_config_count();
@@ -367,6 +380,9 @@ extern "C" const char* qb_scaled_mm_config_name(int a_dtype, int variant, int co
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
     case QB_VARIANT_SM90:
+#ifdef QB_HAS_SCALED_MM_INT8_90
+      if (a_dtype == QB_I8) return qb::sm90_int8_config_name(config);
+#endif
       return is_w8a16(a_dtype) ? qb::sm90_w8a16_config_name(config) : qb::sm90_fp8_config_name(config);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
@@ -397,6 +413,8 @@ extern "C" int qb_scaled_mm_auto_config(int64_t M, int64_t N, int64_t K, int a_d
   if (!built(a_dtype, variant))
     return e.set(QB_ERR_NOT_BUILT, "qb_scaled_mm_auto_config: variant %d is not built for %s", variant,
                  dtype_name(a_dtype));
+  if (a_dtype != QB_E4M3)
+    return e.set(QB_ERR_UNSUPPORTED, "qb_scaled_mm_auto_config: only the sm90 FP8 family (variant 90) says its choice");
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
     case QB_VARIANT_SM90:
@@ -410,7 +428,7 @@ extern "C" int qb_scaled_mm_auto_config(int64_t M, int64_t N, int64_t K, int a_d
 
 extern "C" int64_t qb_scaled_mm_token_rows(int64_t M, int64_t N, int64_t K, int a_dtype, int variant, int sm_count,
                                            int64_t rows_available) {
-  if (M < 1 || !built(a_dtype, variant)) return M;
+  if (M < 1 || a_dtype != QB_E4M3 || !built(a_dtype, variant)) return M;  // whole token tiles: FP8 only
   if (N != 0 && (rows_available <= M || check_shape(M, N, K, a_dtype, a_dtype, QB_BF16, qb::Err{nullptr, 0}) != QB_OK))
     return M;
   switch (variant) {

@@ -50,7 +50,7 @@ typedef enum qb_scale_kind {
  * others force a family so that PTX-embedded older-arch kernels can be verified on newer chips. */
 typedef enum qb_variant {
   QB_VARIANT_AUTO = 0,
-  QB_VARIANT_SM90 = 90, /* sm_90a: TMA + WGMMA, warp-specialized */
+  QB_VARIANT_SM90 = 90, /* sm_90a: TMA + WGMMA, warp-specialized (fp8, int8, w8a16, block-scaled fp8) */
   QB_VARIANT_SM89 = 89, /* sm_89 / compute_89: mma.sync e4m3 (CUTLASS 2.x) */
   QB_VARIANT_SM80 = 80, /* sm_80 / compute_80: cp.async, mma.sync m16n8k16 (int8 GEMM, marlin) */
   QB_VARIANT_SM75 = 75  /* sm_75 / compute_75: mma.sync m16n8k8 / m8n8k16 (int8 GEMM, marlin) */
@@ -128,8 +128,8 @@ void qb_scaled_mm_override(int config, int decomposition, int splits, int swizzl
  * multiprocessors, without a GPU: the config id (see qb_scaled_mm_config_name) and its
  * decomposition, split count and swizzle (for the small-M configs: the cluster size and the tiles
  * per CTA before the shared one), as qb_scaled_mm_override would take them. Stream-K needs the
- * caller's workspace; without one the same config runs data-parallel. Only the sm90 FP8 family (variant 90) answers; others return
- * QB_ERR_UNSUPPORTED. Returns QB_OK or an error code with a message in err. */
+ * caller's workspace; without one the same config runs data-parallel. Only the sm90 FP8 family
+ * (variant 90, a_dtype QB_E4M3) answers; others return QB_ERR_UNSUPPORTED. Returns QB_OK or an error code with a message in err. */
 int qb_scaled_mm_auto_config(int64_t M, int64_t N, int64_t K, int a_dtype, int variant, int sm_count, int* config,
                              int* decomposition, int* splits, int* swizzle, char* err, size_t err_len);
 

@@ -1,6 +1,7 @@
 // cutlass_launch.cuh: what every SM90 CUTLASS 3.x kernel family does the same way around its GEMM:
-// the tile scheduler's work decomposition, and the checked can_implement -> workspace -> initialize
-// -> run sequence that reports each failure through Err instead of throwing.
+// the early trigger of the next kernel (programmatic dependent launch), the tile scheduler's work
+// decomposition, and the checked can_implement -> workspace -> initialize -> run sequence that
+// reports each failure through Err instead of throwing.
 #pragma once
 
 #include <cutlass/cutlass.h>
@@ -8,7 +9,28 @@
 
 #include "fp8_sm90_configs.h"
 
+// Programmatic launches (below) are safe only if CUTLASS's producers wait for the previous grid.
+#ifndef CUTLASS_GDC_ENABLED
+#error "the sm90 family must be compiled with -DCUTLASS_GDC_ENABLED (see CMakeLists.txt)"
+#endif
+
 namespace qb::sm90 {
+
+// Programmatic dependent launch (PDL). Every CTA first signals that the next kernel in the stream
+// may start: when that kernel is launched as a programmatic dependent, its CTAs take the SMs this grid
+// leaves idle (or frees) and run their prologue (barrier set-up, TMA descriptor prefetch) early. The
+// CUTLASS kernels wait for the previous grid to finish (griddepcontrol.wait, compiled in by
+// CUTLASS_GDC_ENABLED) before their first global memory access, so no data is read or written early.
+// An ordinary launch ignores both instructions.
+template <class Base>
+struct EarlyTriggerKernel : Base {
+  CUTLASS_DEVICE void operator()(typename Base::Params const& params, char* smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    Base::operator()(params, smem);
+  }
+};
 
 // Tile swizzle for every scheduler; for the stream-K scheduler also the decomposition chosen by the
 // dispatcher. Partial tiles are summed in a fixed order (deterministic), so results do not vary run

@@ -12,14 +12,25 @@
 // predicated, so K and N need not be multiples of 128.
 //
 // kSwap computes D^T[N, M] = W[N, K] . A[M, K]^T (tokens on the tile's narrow side, see
-// fp8_sm90_kernel.cuh): the weight then carries the 128-row scale blocks and the tokens the 1-row
+// w8a8_sm90_kernel.cuh): the weight then carries the 128-row scale blocks and the tokens the 1-row
 // ones.
 #pragma once
 
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
 #include <cutlass/detail/blockwise_scale_layout.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/epilogue/fusion/sm90_visitor_load_tma_warpspecialized.hpp>
+#include <cutlass/epilogue/fusion/sm90_visitor_compute_tma_warpspecialized.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/kernel/tile_scheduler_params.h>
+#include <cutlass/util/packed_stride.hpp>
 
 #include "fp8_block_sm90_configs.h"
-#include "fp8_sm90_kernel.cuh"  // EarlyTriggerKernel, launch_gemm, set_schedule
+#include "cutlass_launch.cuh"  // EarlyTriggerKernel, launch_gemm, set_schedule
 
 namespace qb::sm90 {
 

@@ -57,9 +57,9 @@ struct ConfigInfo {
 enum ConfigId : int { QB_SM90_FP8_CONFIGS(QB_ENUM) kNumConfigs };
 #undef QB_ENUM
 
-#define QB_INFO(id, name, swap, tm, tn, tk, cm, cn, sched) {name, swap, tm, tn, tk, cm, cn, #sched[0] == 'C'},
-constexpr ConfigInfo kConfigs[kNumConfigs] = {QB_SM90_FP8_CONFIGS(QB_INFO)};
-#undef QB_INFO
+// One kConfigs entry from an X(...) line (also of the INT8 list, int8_sm90_configs.h).
+#define QB_SM90_CONFIG_INFO(id, name, swap, tm, tn, tk, cm, cn, sched) {name, swap, tm, tn, tk, cm, cn, #sched[0] == 'C'},
+constexpr ConfigInfo kConfigs[kNumConfigs] = {QB_SM90_FP8_CONFIGS(QB_SM90_CONFIG_INFO)};
 
 // Defined (explicitly instantiated) in fp8_sm90_inst_*.cu. OutTag: 0 bf16, 1 fp16.
 template <int Id, int OutTag>

@@ -1,6 +1,6 @@
 // Instantiates the large-M SM90 FP8 configs for bf16 output. One TU per group and
 // output type, so a parallel build spreads the CUTLASS instantiations over cores.
-#include "fp8_sm90_kernel.cuh"
+#include "w8a8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
 QB_SM90_INSTANTIATE(kCoop128x256Cluster2, 0)

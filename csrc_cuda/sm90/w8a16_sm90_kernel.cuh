@@ -23,7 +23,7 @@
 #include <cutlass/gemm/kernel/tile_scheduler_params.h>
 #include <cutlass/util/packed_stride.hpp>
 
-#include "fp8_sm90_kernel.cuh"  // EarlyTriggerKernel, RunOpts, Decomp
+#include "cutlass_launch.cuh"  // EarlyTriggerKernel, RunOpts, Decomp
 #include "w8a16_sm90_configs.h"
 
 namespace qb::sm90 {

@@ -40,7 +40,8 @@ MS = [1, 2, 3, 15, 16, 17, 63, 64, 127, 128, 255, 1000, 4096]
 # sizes whose N and K are multiples of 16 but not of any tile.
 SHAPES = [(512, 28672), (4096, 14336), (6144, 4096), (2064, 1040), (16, 16)]
 FP8_VARIANTS = [v for v in (90, 89) if native.has_variant("scaled_mm_fp8", v)]
-INT8_VARIANTS = [v for v in (80, 75) if native.has_variant("scaled_mm_int8", v)]
+INT8_VARIANTS = [v for v in (90, 80, 75) if native.has_variant("scaled_mm_int8", v)
+                 and (v != 90 or torch.cuda.get_device_capability() == (9, 0))]
 OUT_DTYPES = [torch.bfloat16, torch.float16]
 SM90_ONLY = pytest.mark.skipif(90 not in FP8_VARIANTS or torch.cuda.get_device_capability() != (9, 0),
                                reason="programmatic launches are used by the sm_90a kernels only")
@@ -150,16 +151,16 @@ def test_auto_variant_matches_forced():
            2e-2, "auto")
 
 
-@pytest.mark.parametrize("variant", FP8_VARIANTS)
-def test_every_config_and_decomposition(variant):
+@pytest.mark.parametrize("dtype,variant", [(F8, v) for v in FP8_VARIANTS] + [(torch.int8, 90)] * (90 in INT8_VARIANTS))
+def test_every_config_and_decomposition(dtype, variant):
     """Each compiled config, forced, under each work decomposition: the tuning knobs stay correct."""
-    names = native.config_names(F8, variant)
+    names = native.config_names(dtype, variant)
     assert names
     g = _gen()
     try:
         for M, N, K in [(5, 4096, 4096), (200, 1024, 14336), (1000, 6144, 1040)]:
-            a, b = _operands(M, N, K, F8, g)
-            sa, sb = _scales(M, N, g)[3]
+            a, b = _operands(M, N, K, dtype, g)
+            sa, sb = _scales(M, N, g, 1.0 if dtype == F8 else 1.0 / 127)[3]  # as in _run_case
             bias = torch.randn(N, device=DEV, generator=g).to(torch.bfloat16)
             prod = a.double() @ b.double()
             ref = sa.double() * sb.double() * prod + bias.double()
@@ -169,8 +170,9 @@ def test_every_config_and_decomposition(variant):
                     native.override(cfg, decomp, splits, swizzle)
                     out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
                     native.scaled_mm(a, b, sa, sb, bias, out, variant=variant)
-                    _check(out, ref, s_abs, 2.0 ** -7, 2.0 ** -9, 2e-2,
-                           f"v{variant} config {name} decomp {decomp}/{splits}/sw{swizzle} M={M} N={N} K={K}")
+                    r_acc, rel_max = (2.0 ** -9, 2e-2) if dtype == F8 else (1e-6, 1e-2)  # as in _run_case
+                    _check(out, ref, s_abs, 2.0 ** -7, r_acc, rel_max,
+                           f"v{variant} {dtype} config {name} decomp {decomp}/{splits}/sw{swizzle} M={M} N={N} K={K}")
     finally:
         native.override()
 

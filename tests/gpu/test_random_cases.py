@@ -9,7 +9,7 @@ a user may pass instead, within the API's rules:
   stride in whole 16-byte units, the layouts the API accepts;
 - every scale shape the kernels take (and the 0-d, [1], [N] and [1, N] spellings of them), bias on
   and off, both half output dtypes;
-- the kernel families forced at random: sm_90a and sm_89 FP8, sm_80 and sm_75 INT8, marlin's
+- the kernel families forced at random: sm_90a and sm_89 FP8, sm_90a, sm_80 and sm_75 INT8, marlin's
   sm_80 and sm_75 paths (the older ones through their PTX on a newer GPU);
 - quantize + linear (W8A8) or linear (W8A16) captured in a CUDA graph and replayed on new
   activations, and quantize + scaled_mm or linear through torch.compile(fullgraph=True);
@@ -55,7 +55,7 @@ SERVED: collections.Counter = collections.Counter()
 
 # Kernel families to force, "" = the automatic choice.
 FP8_FAMILIES = [""] + (["90"] if SM == (9, 0) else []) + (["89"] if SM >= (8, 9) else [])
-INT8_FAMILIES = ["", "80", "75"] if SM >= (8, 0) else ["", "75"]
+INT8_FAMILIES = [""] + (["90"] if SM == (9, 0) else []) + (["80", "75"] if SM >= (8, 0) else ["75"])
 MARLIN_FAMILIES = ["80", "75"] if SM >= (8, 0) else ["75"]
 # W8A16 kernels: marlin's families, and on sm_90 the cutlass provider's mixed-input ones.
 W8A16_FAMILIES = MARLIN_FAMILIES + (["cutlass"] if SM == (9, 0) else [])

@@ -1,6 +1,7 @@
-// fp8_sm90_kernel.cuh: the one CUTLASS 3.x kernel template behind every SM90 FP8 config.
+// w8a8_sm90_kernel.cuh: the one CUTLASS 3.x kernel template behind every SM90 FP8 and INT8 config.
 //
-// A TMA warp-specialized GEMM (WGMMA, FP8 fast accumulation) whose epilogue visitor tree computes
+// A TMA warp-specialized GEMM (WGMMA: e4m3 with FP8 fast accumulation into fp32, or s8 into exact
+// int32) whose epilogue visitor tree computes
 //     D = scale_a * (scale_b * acc) + bias
 // with scale_a broadcast along the token dimension, scale_b and bias along the channel dimension.
 // Scales are "dynamic broadcasts" (a runtime bool stride): one instantiation serves both per-tensor
@@ -25,47 +26,32 @@
 
 #include "cutlass_launch.cuh"
 #include "fp8_sm90_configs.h"
-
-// Programmatic launches (below) are safe only if CUTLASS's producers wait for the previous grid.
-#ifndef CUTLASS_GDC_ENABLED
-#error "the sm90 family must be compiled with -DCUTLASS_GDC_ENABLED (see CMakeLists.txt)"
-#endif
+#include "int8_sm90_configs.h"
 
 namespace qb::sm90 {
 
 using namespace cute;
 
-// Programmatic dependent launch (PDL). Every CTA first signals that the next kernel in the stream
-// may start: when that kernel is launched as a programmatic dependent, its CTAs take the SMs this grid
-// leaves idle (or frees) and run their prologue (barrier set-up, TMA descriptor prefetch) early. The
-// CUTLASS kernels wait for the previous grid to finish (griddepcontrol.wait, compiled in by
-// CUTLASS_GDC_ENABLED) before their first global memory access, so no data is read or written early.
-// An ordinary launch ignores both instructions.
-template <class Base>
-struct EarlyTriggerKernel : Base {
-  CUTLASS_DEVICE void operator()(typename Base::Params const& params, char* smem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-    Base::operator()(params, smem);
-  }
-};
-
-template <class OutT_, class TileShape_, class ClusterShape_, class KernelSchedule_, class EpilogueSchedule_,
-          class TileScheduler_, bool kSwap_>
-struct Fp8Gemm {
+// ElementAB: cutlass::float_e4m3_t or int8_t, for both operands.
+template <class ElementAB_, class OutT_, class TileShape_, class ClusterShape_, class KernelSchedule_,
+          class EpilogueSchedule_, class TileScheduler_, bool kSwap_>
+struct W8A8Gemm {
+  using ElementAB = ElementAB_;
+  static constexpr bool kInt8 = std::is_same_v<ElementAB, int8_t>;
+  // int8 products summed in int32 are exact (K * 127^2 < 2^31 up to K = 133,144); the epilogue
+  // converts the sum to fp32 once, before the scales.
+  using ElementAcc = std::conditional_t<kInt8, int32_t, float>;
   using OutT = OutT_;
   using TileShape = TileShape_;
   using ClusterShape = ClusterShape_;
   static constexpr bool kSwap = kSwap_;
   static constexpr bool kStreamK = std::is_same_v<TileScheduler_, cutlass::gemm::StreamKScheduler>;
 
-  using E4M3 = cutlass::float_e4m3_t;
-  // Both operands K-major (TN GEMM), the only FP8 WGMMA layout with no transposition in smem.
+  // Both operands K-major (TN GEMM), the only 8-bit WGMMA layout with no transposition in smem.
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cutlass::layout::ColumnMajor;
   using LayoutD = std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
-  static constexpr int kAlignAB = 16;                    // 16 bytes of fp8 per TMA row chunk
+  static constexpr int kAlignAB = 16;                    // 16 bytes of 8-bit values per TMA row chunk
   static constexpr int kAlignD = 16 / sizeof(OutT);
 
   // Broadcast along GEMM rows ("column vector", one value per row) and along GEMM columns.
@@ -89,13 +75,13 @@ struct Fp8Gemm {
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float,
       void, LayoutD, kAlignD,  // no C operand: the bias comes in through the visitor tree
       OutT, LayoutD, kAlignD, EpilogueSchedule_, Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4M3, LayoutA, kAlignAB, E4M3, LayoutB, kAlignAB,
-      float, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignAB, ElementAB, LayoutB,
+      kAlignAB, ElementAcc, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
       KernelSchedule_>::CollectiveOp;
 
@@ -107,8 +93,8 @@ struct Fp8Gemm {
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
     using StrideD = typename Kernel::StrideD;
-    const auto* a = static_cast<const E4M3*>(p.a);
-    const auto* w = static_cast<const E4M3*>(p.b);
+    const auto* a = static_cast<const ElementAB*>(p.a);
+    const auto* w = static_cast<const ElementAB*>(p.b);
     const int M = static_cast<int>(p.M), N = static_cast<int>(p.N), K = static_cast<int>(p.K);
     (void)M; (void)N; (void)K;
 
@@ -168,33 +154,53 @@ struct Fp8Gemm {
   }
 
   static int run(const ScaledMmArgs& p, const RunOpts& o, const Err& err, const char* name) {
-    return launch_gemm<Gemm>(make_args(p, o), p, o.programmatic, err, "fp8", name);
+    return launch_gemm<Gemm>(make_args(p, o), p, o.programmatic, err, kInt8 ? "int8" : "fp8", name);
   }
 };
 
-// Config id -> kernel type, from the X-macro list.
+// Schedules by operand type: e4m3 takes CUTLASS's FP8 fast-accumulation mainloops, s8 the plain ones
+// (its int32 accumulation needs no promotion).
+template <class ElementAB>
 struct Coop {
-  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
+  using Kernel = std::conditional_t<std::is_same_v<ElementAB, int8_t>, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                    cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum>;
   using Epi = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using Sched = cutlass::gemm::StreamKScheduler;
 };
+template <class ElementAB>
 struct Ping {
-  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum;
+  using Kernel = std::conditional_t<std::is_same_v<ElementAB, int8_t>, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                    cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum>;
   using Epi = cutlass::epilogue::TmaWarpSpecialized;
   using Sched = cutlass::gemm::PersistentScheduler;
 };
 
+// Config id -> kernel type, from the X-macro lists.
+template <class ElementAB, int OutTag, class Tile, class Cluster, template <class> class Schedule, bool kSwap>
+using ConfigGemm = W8A8Gemm<ElementAB, std::conditional_t<OutTag == 0, cutlass::bfloat16_t, cutlass::half_t>, Tile,
+                            Cluster, typename Schedule<ElementAB>::Kernel, typename Schedule<ElementAB>::Epi,
+                            typename Schedule<ElementAB>::Sched, kSwap>;
+
 template <int Id, int OutTag>
 struct ConfigType;
-#define QB_TYPE(id, name, swap, tm, tn, tk, cm, cn, sched)                                                    \
-  template <int OutTag>                                                                                    \
-  struct ConfigType<id, OutTag> {                                                                          \
-    using OutT = std::conditional_t<OutTag == 0, cutlass::bfloat16_t, cutlass::half_t>;                   \
-    using type = Fp8Gemm<OutT, Shape<Int<tm>, Int<tn>, Int<tk>>, Shape<Int<cm>, Int<cn>, _1>, sched::Kernel, \
-                         sched::Epi, sched::Sched, swap>;                                                  \
+template <int Id, int OutTag>
+struct Int8ConfigType;
+#define QB_TYPE(id, name, swap, tm, tn, tk, cm, cn, sched)                                                 \
+  template <int OutTag>                                                                                 \
+  struct ConfigType<id, OutTag> {                                                                       \
+    using type = ConfigGemm<cutlass::float_e4m3_t, OutTag, Shape<Int<tm>, Int<tn>, Int<tk>>,              \
+                            Shape<Int<cm>, Int<cn>, _1>, sched, swap>;                                  \
   };
 QB_SM90_FP8_CONFIGS(QB_TYPE)
 #undef QB_TYPE
+#define QB_INT8_TYPE(id, name, swap, tm, tn, tk, cm, cn, sched)                                              \
+  template <int OutTag>                                                                                 \
+  struct Int8ConfigType<id, OutTag> {                                                                   \
+    using type = ConfigGemm<int8_t, OutTag, Shape<Int<tm>, Int<tn>, Int<tk>>, Shape<Int<cm>, Int<cn>, _1>, \
+                            sched, swap>;                                                               \
+  };
+QB_SM90_INT8_CONFIGS(QB_INT8_TYPE)
+#undef QB_INT8_TYPE
 
 template <int Id, int OutTag>
 int run_config(const ScaledMmArgs& args, const RunOpts& opts, const Err& err) {
@@ -204,9 +210,20 @@ template <int Id, int OutTag>
 size_t config_workspace(const ScaledMmArgs& args, const RunOpts& opts) {
   return ConfigType<Id, OutTag>::type::workspace(args, opts);
 }
+template <int Id, int OutTag>
+int int8_run_config(const ScaledMmArgs& args, const RunOpts& opts, const Err& err) {
+  return Int8ConfigType<Id, OutTag>::type::run(args, opts, err, kInt8Configs[Id].name);
+}
+template <int Id, int OutTag>
+size_t int8_config_workspace(const ScaledMmArgs& args, const RunOpts& opts) {
+  return Int8ConfigType<Id, OutTag>::type::workspace(args, opts);
+}
 
 #define QB_SM90_INSTANTIATE(id, tag)                                                       \
   template int run_config<id, tag>(const ScaledMmArgs&, const RunOpts&, const Err&); \
   template size_t config_workspace<id, tag>(const ScaledMmArgs&, const RunOpts&);
+#define QB_SM90_INT8_INSTANTIATE(id, tag)                                                       \
+  template int int8_run_config<id, tag>(const ScaledMmArgs&, const RunOpts&, const Err&); \
+  template size_t int8_config_workspace<id, tag>(const ScaledMmArgs&, const RunOpts&);
 
 }  // namespace qb::sm90

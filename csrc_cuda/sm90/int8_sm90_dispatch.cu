@@ -1,0 +1,103 @@
+// int8_sm90_dispatch.cu: picks the SM90 INT8 config and work decomposition for a problem.
+//
+// The buckets are the FP8 family's main ones (fp8_sm90_dispatch.cu says why each was chosen on the
+// H200): the tiles are the same size in bytes and the s8 and e4m3 WGMMA rates are equal, so what
+// decided them (how often each weight tile is read, how full the last wave is, how many token rows
+// a tile fills with zeros) decides here the same way.
+//   M <= 16     swapped 64x16 ping-pong: the tokens on the tile's narrow side, each weight tile read
+//               by one CTA, once;
+//   M <= 64     swapped 64x64 ping-pong (the same, 64 tokens);
+//   M <= 128    swapped 64x128 ping-pong;
+//   M <= 256    with N <= 4096: swapped 128x64 cooperative, or swapped 64x128 ping-pong where two
+//               128-token tiles leave fewer than 24 rows empty;
+//   otherwise   128x128 ping-pong in 2x1 clusters, swizzle 8 from M = 4096 and N = 8192 (tiles that
+//               share A and B rows run close together, so those rows stay in L2).
+// Always data-parallel unless forced (qb_scaled_mm_override): stream-K's partial tiles did not pay
+// at these buckets for FP8.
+#include "int8_sm90_configs.h"
+
+namespace qb {
+namespace sm90 {
+namespace {
+
+using RunFn = int (*)(const ScaledMmArgs&, const RunOpts&, const Err&);
+using WsFn = size_t (*)(const ScaledMmArgs&, const RunOpts&);
+
+#define QB_INT8_RUN(id, ...) {&int8_run_config<id, 0>, &int8_run_config<id, 1>},
+const RunFn kRun[kNumInt8Configs][2] = {QB_SM90_INT8_CONFIGS(QB_INT8_RUN)};
+#undef QB_INT8_RUN
+#define QB_INT8_WS(id, ...) {&int8_config_workspace<id, 0>, &int8_config_workspace<id, 1>},
+const WsFn kWs[kNumInt8Configs][2] = {QB_SM90_INT8_CONFIGS(QB_INT8_WS)};
+#undef QB_INT8_WS
+
+struct Plan {
+  int config;
+  RunOpts opts;
+};
+
+constexpr int64_t kMinMissingRows = 24;  // as in fp8_sm90_dispatch.cu
+
+Plan auto_plan(const ScaledMmArgs& a) {
+  Plan p{kI8Ping128x128Cluster2, RunOpts{}};
+  if (a.M <= 16) p.config = kI8Swap64x16Ping;
+  else if (a.M <= 64) p.config = kI8Swap64x64Ping;
+  else if (a.M <= 128) p.config = kI8Swap64x128Ping;
+  else if (a.M <= 256 && a.N <= 4096) p.config = a.M > 256 - kMinMissingRows ? kI8Swap64x128Ping : kI8Swap128x64Coop;
+  else if (a.M >= 4096 && a.N >= 8192) p.opts.swizzle = 8;
+  return p;
+}
+
+// The automatic plan with any forced choice (qb_scaled_mm_override) applied; decompositions other
+// than data-parallel only for the cooperative (stream-K scheduler) configs.
+Plan plan_for(const ScaledMmArgs& a) {
+  Plan p = auto_plan(a);
+  if (a.config >= 0 && a.config < kNumInt8Configs && a.config != p.config) {
+    p.config = a.config;
+    p.opts = RunOpts{};
+  }
+  if (a.swizzle > 0) p.opts.swizzle = a.swizzle;
+  if (a.decomp >= 0 && a.decomp <= 3) {
+    p.opts.decomp = static_cast<Decomp>(a.decomp);
+    if (p.opts.decomp == Decomp::SplitK) p.opts.splits = a.splits > 1 ? a.splits : 2;
+  }
+  if (!kInt8Configs[p.config].streamk) p.opts.decomp = Decomp::DataParallel;
+  return p;
+}
+
+int out_tag(const ScaledMmArgs& a) { return a.out_dtype == QB_F16 ? 1 : 0; }
+
+}  // namespace
+}  // namespace sm90
+
+int sm90_int8_scaled_mm(const ScaledMmArgs& args, const Err& err) {
+  using namespace sm90;
+  if (args.config >= kNumInt8Configs)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "sm90 int8: config %d out of range (%d configs)", args.config,
+                   kNumInt8Configs);
+  Plan p = plan_for(args);
+  const int tag = out_tag(args);
+  // Without the workspace a split needs, run the same tiles unsplit.
+  if (p.opts.decomp != Decomp::DataParallel) {
+    const size_t need = kWs[p.config][tag](args, p.opts);
+    if (need > 0 && (args.workspace == nullptr || args.workspace_size < need)) p.opts.decomp = Decomp::DataParallel;
+  }
+  // Programmatic launch only for data-parallel runs (as for FP8: a split's workspace is reset by a
+  // separate operation just before it, which must stay an ordinary stream dependency).
+  p.opts.programmatic = args.programmatic && p.opts.decomp == Decomp::DataParallel;
+  return kRun[p.config][tag](args, p.opts, err);
+}
+
+size_t sm90_int8_workspace(const ScaledMmArgs& args) {
+  using namespace sm90;
+  if (args.config >= kNumInt8Configs) return 0;
+  const Plan p = plan_for(args);
+  return kWs[p.config][out_tag(args)](args, p.opts);
+}
+
+int sm90_int8_config_count() { return sm90::kNumInt8Configs; }
+
+const char* sm90_int8_config_name(int config) {
+  return config >= 0 && config < sm90::kNumInt8Configs ? sm90::kInt8Configs[config].name : nullptr;
+}
+
+}  // namespace qb

@@ -1,0 +1,8 @@
+// Instantiates the SM90 INT8 configs for more than 64 tokens, f16 output.
+#include "w8a8_sm90_kernel.cuh"
+
+namespace qb::sm90 {
+QB_SM90_INT8_INSTANTIATE(kI8Swap64x128Ping, 1)
+QB_SM90_INT8_INSTANTIATE(kI8Swap128x64Coop, 1)
+QB_SM90_INT8_INSTANTIATE(kI8Ping128x128Cluster2, 1)
+}  // namespace qb::sm90

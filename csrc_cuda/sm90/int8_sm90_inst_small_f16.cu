@@ -1,0 +1,8 @@
+// Instantiates the SM90 INT8 configs for up to 64 tokens, f16 output. Two units per output type,
+// so a parallel build spreads the CUTLASS instantiations over cores.
+#include "w8a8_sm90_kernel.cuh"
+
+namespace qb::sm90 {
+QB_SM90_INT8_INSTANTIATE(kI8Swap64x16Ping, 1)
+QB_SM90_INT8_INSTANTIATE(kI8Swap64x64Ping, 1)
+}  // namespace qb::sm90
