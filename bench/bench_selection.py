@@ -12,6 +12,8 @@ scales, for W8A8; the activation quantization is its own op, not in these times)
   torch       QBACKEND_DISABLE=cutlass,marlin: the torch provider where it is chosen
   reference   QBACKEND_PROVIDER=reference, at M = 1 and 4096 only: the cost of the oracle, which
               the fallback warning quotes
+  sm80        QBACKEND_CUTLASS_VARIANT=80: the cutlass provider's sm_80 kernels (the INT8 family a GPU
+              without its own runs; on newer GPUs through the PTX), for comparison with the default
 Method (qbackend/benchmark.py): CUDA-graph replay, weight copies rotated past the L2 (>= 512 MB of fp8),
 each selection timed in interleaved rounds with bf16 torch.mm on the same shapes, medians.
 Writes DIR/selection_h200.json {"device", "torch", "rows": [{"kind", "M", "N", "K", "selection",
@@ -36,13 +38,13 @@ SHAPES = [(4096, 4096), (28672, 4096)]
 MS = [1, 16, 256, 4096]
 REFERENCE_MS = (1, 4096)
 SELECTIONS = {"default": {}, "torch": {"QBACKEND_DISABLE": "cutlass,marlin"},
-              "reference": {"QBACKEND_PROVIDER": "reference"}}
+              "reference": {"QBACKEND_PROVIDER": "reference"}, "sm80": {"QBACKEND_CUTLASS_VARIANT": "80"}}
 TRIAL_MS = 5.0
 dev = "cuda"
 
 
 def select(env: dict) -> None:
-    for k in ("QBACKEND_DISABLE", "QBACKEND_PROVIDER"):
+    for k in ("QBACKEND_DISABLE", "QBACKEND_PROVIDER", "QBACKEND_CUTLASS_VARIANT"):
         os.environ.pop(k, None)
     os.environ.update(env)
     registry.reload()

@@ -135,6 +135,7 @@ def timing():
                 "rowwise": [lambda w=w: torch._scaled_mm(a8, w.t(), sa, sb, out_dtype=torch.bfloat16) for w in w8],
                 "unscaled+epilogue": [lambda w=w: unscaled(w) for w in w8],
                 "blockwise": [lambda w=w: tf.blockwise_mm(a8, w.t(), sab, sbb, None, torch.bfloat16) for w in w8],
+                "int_mm alone": [lambda w=w: tf.int_mm(ai, w.t()) for w in wi],
                 "int_mm+epilogue": [lambda w=w: tf.epilogue(tf.int_mm(ai, w.t()), sa, sb, None, torch.bfloat16)
                                     for w in wi],
                 "int8 dequant+bf16 mm": [lambda w=w: int_dequant(w) for w in wb],

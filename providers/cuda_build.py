@@ -326,10 +326,12 @@ def pending_objects(build_dir: Path) -> list:
     return objects
 
 
-# Below this many jobs the sm_90a bf16 and fp16 instantiations compile as one unit each (CMake's
-# QB_PAIR_OUTPUT_TYPES): the CUTLASS headers are parsed once for both. On a 2-core machine this took the
-# all-arch build from 27.7 to 19.1 min; from 12 jobs up, twice the units in flight wins.
-PAIR_BELOW_JOBS = 12
+# Below this many jobs the sm_90a instantiation files compile INSTANCES_PER_UNIT to a unit (CMake's
+# QB_INSTANCES_PER_UNIT): the CUTLASS headers are parsed, and the shared collectives instantiated, once
+# per unit. On a 2-core machine pairs (2) took the all-arch build from 27.7 to 19.1 min; from 12 jobs
+# up, more units in flight win.
+GROUP_BELOW_JOBS = 12
+INSTANCES_PER_UNIT = 4
 
 
 def _configure(source: Path, build_dir: Path, archs: list, cutlass: Path, console: Console, jobs: int) -> None:
@@ -337,7 +339,7 @@ def _configure(source: Path, build_dir: Path, archs: list, cutlass: Path, consol
     generator = "Ninja" if shutil.which("ninja") else "Unix Makefiles"
     args = ["cmake", "-S", str(source), "-B", str(build_dir), "-G", generator, "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_CUDA_COMPILER={nvcc()}", f"-DQB_CUTLASS_DIR={cutlass}", f"-DQB_CUDA_ARCHS={';'.join(archs)}",
-            f"-DQB_PAIR_OUTPUT_TYPES={'ON' if jobs < PAIR_BELOW_JOBS else 'OFF'}"]
+            f"-DQB_INSTANCES_PER_UNIT={INSTANCES_PER_UNIT if jobs < GROUP_BELOW_JOBS else 1}"]
     launcher = compiler_launcher()
     # Empty when none is installed: a launcher cached by an earlier configure must not linger.
     args += [f"-DCMAKE_CUDA_COMPILER_LAUNCHER={launcher or ''}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher or ''}"]
