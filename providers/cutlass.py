@@ -108,8 +108,10 @@ class CutlassProvider(Provider):
             description="CUTLASS W8A8 GEMMs (fp8 on sm_89+, int8 on sm_75+, block-scaled fp8 and W8A16 "
                         "on sm_90), CUDA quantize kernels",
             rules=(
+                # The sm_89 and sm_90a FP8 kernels use CUTLASS's fast-accumulation mainloops.
                 Rule(Op.SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), scales_a, scales_b,
-                     _HALF_OUT, min_sm=89, k_align=16, n_align=16, why_arch="fp8 tensor cores"),
+                     _HALF_OUT, min_sm=89, k_align=16, n_align=16, why_arch="fp8 tensor cores",
+                     fast_accumulation=True),
                 Rule(Op.SCALED_MM, CUDA, frozenset({(torch.int8, torch.int8)}), scales_a, scales_b,
                      _HALF_OUT, min_sm=75, k_align=16, n_align=16, why_arch="int8 tensor cores"),
                 Rule(Op.SCALED_MM, CUDA, _W8A16_PAIRS, granularities("none"), scales_b, _HALF_OUT,

@@ -107,9 +107,10 @@ def epilogue(acc: torch.Tensor, scale_a, scale_b, bias, out_dtype: torch.dtype) 
     return torch.addcmul(bias, acc, scale, out=out)
 
 
-def scaled_mm_call(a, b, scale_a, scale_b, bias, out_dtype) -> torch.Tensor:
-    """torch._scaled_mm; torch 2.4 returned (out, amax)."""
-    out = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
+def scaled_mm_call(a, b, scale_a, scale_b, bias, out_dtype, fast: bool = False) -> torch.Tensor:
+    """torch._scaled_mm (fast: cuBLASLt's fast accumulation); torch 2.4 returned (out, amax)."""
+    out = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype,
+                           use_fast_accum=fast)
     return out[0] if isinstance(out, tuple) else out
 
 
@@ -244,15 +245,17 @@ class TorchProvider(Provider):
         M, N = a.shape[0], b.shape[1]
         if path == tp.BLOCKWISE:
             return self._blockwise(a, b, scale_a, scale_b, out_dtype, bias, problem, scale_b_layout)
+        fast = problem.accumulate == "fast"  # (the paths of tp.FAST_ACCUM_PATHS)
         if path == tp.UNSCALED:
             one = self._one(a.device)
-            return epilogue(scaled_mm_call(a, b, one, one, None, torch.float32), scale_a, scale_b, bias, out_dtype)
+            return epilogue(scaled_mm_call(a, b, one, one, None, torch.float32, fast), scale_a, scale_b, bias,
+                            out_dtype)
         if path == tp.TENSORWISE:
             sa, sb = scale_a.float().reshape(()), scale_b.float().reshape(())
         else:  # rowwise: [M, 1] and [1, N], contiguous
             sa = scale_a.float().reshape(-1, 1).expand(M, 1).contiguous()
             sb = scale_b.float().reshape(1, -1).expand(1, N).contiguous()
-        return with_bias(lambda fused: scaled_mm_call(a, b, sa, sb, fused, out_dtype), bias, out_dtype)
+        return with_bias(lambda fused: scaled_mm_call(a, b, sa, sb, fused, out_dtype, fast), bias, out_dtype)
 
     def _blockwise(self, a, b, scale_a, scale_b, out_dtype, bias, problem, scale_b_layout):
         K, N = a.shape[1], b.shape[1]

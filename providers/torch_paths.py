@@ -137,7 +137,12 @@ DESCRIPTION = {
 }
 
 
+# The paths through torch._scaled_mm whose accumulation follows accumulate= (use_fast_accum).
+FAST_ACCUM_PATHS = (TENSORWISE, ROWWISE, UNSCALED)
+
+
 def describe(device, problem) -> str:
     chosen = path(device, problem)
     compute = qd.dtype_name(compute_dtype(device, problem))
-    return DESCRIPTION[chosen].format(compute=compute)
+    accum = f", use_fast_accum={problem.accumulate == 'fast'}" if chosen in FAST_ACCUM_PATHS else ""
+    return DESCRIPTION[chosen].format(compute=compute) + accum

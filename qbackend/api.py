@@ -28,7 +28,7 @@ def _check_op_args(fn: str, required: dict, optional: dict) -> None:
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None = None,
               scale_b: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-              bias: torch.Tensor | None = None, group_size: int = 128) -> torch.Tensor:
+              bias: torch.Tensor | None = None, group_size: int = 128, accumulate: str = "fast") -> torch.Tensor:
     """(scale_a * scale_b) * (a @ b) + bias, accumulated in fp32 (int32 for int8).
 
     a: [..., M, K] row-major (any row stride), float8 / int8, or bfloat16 / float16 for
@@ -42,13 +42,17 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None = N
     group_size: the extent of one scale group along K (and N for block scales); 128 by default.
     out_dtype: bfloat16 (default for W8A8), float16 or float32; W8A16 defaults to a's dtype.
     bias: [N] in out_dtype.
+    accumulate: "fast" (default) lets FP8 kernels sum products with the tensor cores' reduced-precision
+       accumulator (as cuBLASLt's use_fast_accum and vLLM's kernels do on Hopper and Ada); "precise"
+       keeps fp32 accumulation throughout, served by the providers whose kernels promote partial
+       sums (docs/api.md, "Accumulation"). INT8, W8A16 and block-scaled calls are precise either way.
     """
     if _compiling():
         _check_op_args("scaled_mm", {"a": a, "b": b}, {"scale_a": scale_a, "scale_b": scale_b, "bias": bias})
         if out_dtype is not None:
             check_out_dtype("scaled_mm", out_dtype, torch.bfloat16)
-        return ops.scaled_mm_op(a, b, scale_a, scale_b, out_dtype, bias, group_size)
-    return ops.scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size)
+        return ops.scaled_mm_op(a, b, scale_a, scale_b, out_dtype, bias, group_size, accumulate)
+    return ops.scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size, accumulate)
 
 
 def quantize(x: torch.Tensor, dtype: torch.dtype = qd.E4M3, granularity: str = "tensor",
@@ -109,12 +113,14 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
 def linear(a: torch.Tensor, weight, scale_a: torch.Tensor | None = None,
            bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """scaled_mm(a, weight) with a weight from `qbackend.prepare_weight` (the provider's own
-    layout, prepared once). Arguments as in scaled_mm; the weight carries b and scale_b."""
+    layout, prepared once). Arguments as in scaled_mm; the weight carries b, scale_b and the
+    accumulate mode it was prepared for."""
     if not isinstance(weight, PreparedWeight):
         raise TypeError(f"qbackend.linear: weight: must be a PreparedWeight from "
                         f"qbackend.prepare_weight; got {type(weight).__name__}")
     args = (a, weight.data, weight.scale, weight.aux, scale_a, bias, weight.provider,
-            weight.layout, weight.N, weight.K, weight.dtype, out_dtype, weight.problem.group or 128)
+            weight.layout, weight.N, weight.K, weight.dtype, out_dtype, weight.problem.group or 128,
+            weight.problem.accumulate)
     if _compiling():
         _check_op_args("linear", {"a": a}, {"scale_a": scale_a, "bias": bias})
         return ops.linear_op(*args)

@@ -28,8 +28,8 @@ def _flatten_a(a: torch.Tensor, scale_a: Optional[torch.Tensor]):
     return a2, scale_a
 
 
-def scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size=128):
-    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size)
+def scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size=128, accumulate="fast"):
+    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size, accumulate)
     lead = a.shape[:-1]
     N = b.shape[1]
     if a.numel() == 0:
@@ -55,13 +55,13 @@ def quantize_impl(x, dtype, granularity, scale, scale_ub, group_size, block_size
 @custom_op("qbackend::scaled_mm", mutates_args=())
 def scaled_mm_op(a: torch.Tensor, b: torch.Tensor, scale_a: Optional[torch.Tensor],
                  scale_b: Optional[torch.Tensor], out_dtype: Optional[torch.dtype],
-                 bias: Optional[torch.Tensor], group_size: int = 128) -> torch.Tensor:
-    return scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size)
+                 bias: Optional[torch.Tensor], group_size: int = 128, accumulate: str = "fast") -> torch.Tensor:
+    return scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size, accumulate)
 
 
 @scaled_mm_op.register_fake
-def _scaled_mm_fake(a, b, scale_a, scale_b, out_dtype, bias, group_size=128):
-    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size)
+def _scaled_mm_fake(a, b, scale_a, scale_b, out_dtype, bias, group_size=128, accumulate="fast"):
+    problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size, accumulate)
     return a.new_empty(tuple(a.shape[:-1]) + (b.shape[1],), dtype=problem.out_dtype)
 
 
@@ -96,14 +96,14 @@ def _quantize_static_fake(x, dtype, granularity, scale, group_size, block_rows, 
 def linear_op(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_aux: Optional[torch.Tensor],
               scale_a: Optional[torch.Tensor], bias: Optional[torch.Tensor], provider: str,
               layout: str, N: int, K: int, w_dtype: torch.dtype,
-              out_dtype: Optional[torch.dtype], group_size: int) -> torch.Tensor:
+              out_dtype: Optional[torch.dtype], group_size: int, accumulate: str) -> torch.Tensor:
     return linear_impl(a, w, w_scale, w_aux, scale_a, bias, provider, layout, N, K, w_dtype,
-                       out_dtype, group_size)
+                       out_dtype, group_size, accumulate)
 
 
 @linear_op.register_fake
 def _linear_fake(a, w, w_scale, w_aux, scale_a, bias, provider, layout, N, K, w_dtype, out_dtype,
-                 group_size):
+                 group_size, accumulate):
     problem = validate_scaled_mm(a, WeightSpec(K, N, w_dtype, a.device), scale_a, w_scale,
-                                 out_dtype, bias, group_size)
+                                 out_dtype, bias, group_size, accumulate)
     return a.new_empty(tuple(a.shape[:-1]) + (N,), dtype=problem.out_dtype)

@@ -33,6 +33,12 @@ class Op(str, enum.Enum):
         return self.value
 
 
+# scaled_mm's accumulate= values. "fast" (the default) is what vLLM's CUTLASS kernels and cuBLASLt with
+# use_fast_accum run on Hopper and Ada; "precise" promotes partial sums into fp32 (every provider but
+# the sm_89+ FP8 kernels of cutlass already does).
+ACCUMULATE_MODES = ("fast", "precise")
+
+
 @dataclass(frozen=True)
 class Problem:
     """One kind of call. For scaled_mm: a/b/out dtypes and scale granularities; for quantize:
@@ -55,6 +61,10 @@ class Problem:
     # block, columns of b per scale_b block); () when neither is grouped. A count of 1 covers the
     # whole dimension, so e.g. [Kb, N] block scales give (.., .., 1).
     group_extents: tuple = ()
+    # scaled_mm: "fast" lets a kernel sum fp8 products with the tensor cores' reduced-precision
+    # accumulator before they reach fp32; "precise" asks for fp32 accumulation throughout (see
+    # ACCUMULATE_MODES and docs/api.md, "Accumulation").
+    accumulate: str = "fast"
 
     @property
     def weight_only(self) -> bool:
@@ -67,8 +77,9 @@ class Problem:
                     f"{mode} per-{self.scale_a}")
         kind = "W8A16" if self.weight_only else "W8A8"
         bias = ", bias" if self.has_bias else ""
+        precise = ", precise accumulation" if self.accumulate == "precise" else ""
         return (f"scaled_mm {kind} {qd.dtype_name(self.a_dtype)} x {qd.dtype_name(self.b_dtype)} -> "
-                f"{qd.dtype_name(self.out_dtype)}, scales {self.scale_a} x {self.scale_b}{bias}")
+                f"{qd.dtype_name(self.out_dtype)}, scales {self.scale_a} x {self.scale_b}{bias}{precise}")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ class Rule:
     static: frozenset = frozenset({False, True})
     scale_ub: bool = True
     why_arch: str = ""                      # e.g. "fp8 tensor cores"
+    # Sums fp8 products with the tensor cores' reduced-precision accumulator: serves
+    # accumulate="fast" only.
+    fast_accumulation: bool = False
 
     def mismatch(self, device: DeviceInfo, p: Problem) -> tuple[int, str | None, bool]:
         """(how many checks passed, first failed check's reason or None, forceable)."""
@@ -100,6 +103,9 @@ class Rule:
                 return 4, f"{'static' if p.static else 'dynamic'} quantization not supported"
             if p.has_scale_ub and not self.scale_ub:
                 return 4, "scale_ub not supported"
+        if p.op is Op.SCALED_MM and p.accumulate == "precise" and self.fast_accumulation:
+            return 5, ("sums fp8 products with the tensor cores' fast accumulation, not accumulate='precise' "
+                       "(fp32 throughout)")
         if self.out_dtypes and p.out_dtype not in self.out_dtypes:
             return 5, f"out_dtype {qd.dtype_name(p.out_dtype)} not supported (takes {_names(self.out_dtypes)})"
         if p.has_bias and not self.bias:

@@ -5,7 +5,13 @@ import torch
 
 from . import dtypes as qd
 from . import probe, registry
-from .problem import PROBLEM_KINDS, Problem, representative
+from .problem import PROBLEM_KINDS, Op, Problem, representative
+
+_ACCUMULATE_MEANING = {
+    "fast": "fp8 products may be summed with the tensor cores' reduced-precision accumulator "
+            "('precise' keeps fp32 throughout)",
+    "precise": "fp32 accumulation throughout (providers with fast accumulation only decline)",
+}
 
 
 def _problem(device, kind_or_problem) -> Problem:
@@ -34,6 +40,8 @@ def explain(kind_or_problem, device=None) -> str:
     problem = _problem(info, kind_or_problem)
     decision = registry.get().decide(info, problem)
     lines = [f"{problem.describe()} on {info.arch} ({info.name}):"]
+    if problem.op is Op.SCALED_MM:
+        lines.append(f"  accumulate={problem.accumulate!r}: " + _ACCUMULATE_MEANING[problem.accumulate])
     for name, verdict in decision.verdicts:
         mark = "->" if name == decision.name else ("ok" if verdict.ok else "--")
         lines.append(f"  {mark} {name}: {verdict.reason}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from . import dtypes as qd
+from .problem import ACCUMULATE_MODES, Op, Problem, alignment
 from .problem import Granularity as G
-from .problem import Op, Problem, alignment
 from .scales import group_size
 
 # |a|, |b| <= 128 for int8: K products of 2^14 stay inside int32 up to this K.
@@ -148,7 +148,8 @@ def _scale_b_granularity(scale_b: torch.Tensor, K: int, N: int, g: int) -> G:
           _shape(scale_b))
 
 
-def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size_: int = 128) -> Problem:
+def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size_: int = 128,
+                       accumulate: str = "fast") -> Problem:
     """Check a scaled_mm call; return its Problem. `a` may have leading batch dimensions."""
     fn = "scaled_mm"
     _check_tensor(fn, "a", a)
@@ -165,6 +166,8 @@ def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size_: int
 
     if not isinstance(group_size_, int) or group_size_ <= 0:
         _fail(fn, "group_size", "must be a positive int", repr(group_size_))
+    if accumulate not in ACCUMULATE_MODES:
+        _fail(fn, "accumulate", "must be 'fast' or 'precise'", repr(accumulate))
     lead = tuple(int(d) for d in a.shape[:-1])
     K, N = int(a.shape[-1]), int(b.shape[1])
     M = 1
@@ -230,7 +233,8 @@ def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size_: int
                     if gb is G.BLOCK else (0, 0))
         extents = (a_k, b_k, b_n)
     return Problem(Op.SCALED_MM, a.dtype, b.dtype, out_dtype, ga, gb, bias is not None,
-                   alignment(K), alignment(N), group=group_size_ if grouped else 0, group_extents=extents)
+                   alignment(K), alignment(N), group=group_size_ if grouped else 0, group_extents=extents,
+                   accumulate=accumulate)
 
 
 def _check_positive_finite(fn: str, arg: str, s: torch.Tensor):

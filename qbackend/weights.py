@@ -67,10 +67,11 @@ def weight_scale_to_b(w_scale: torch.Tensor, N: int, K: int) -> torch.Tensor:
 
 def prepare_weight(w_q: torch.Tensor, w_scale: torch.Tensor, activation: torch.dtype,
                    activation_granularity: str = "token", out_dtype: torch.dtype | None = None,
-                   bias: bool = False, group_size: int = 128) -> PreparedWeight:
+                   bias: bool = False, group_size: int = 128, accumulate: str = "fast") -> PreparedWeight:
     """Prepare a quantized row-major [N, K] weight for calls whose activations are `activation`
     (an fp8/int8 dtype for W8A8, bf16/fp16 for W8A16) with `activation_granularity` scales
-    ("tensor", "token" or "group"; ignored for W8A16), on the weight's device."""
+    ("tensor", "token" or "group"; ignored for W8A16), on the weight's device; `accumulate` as in
+    scaled_mm (the provider is chosen for it, and linear() calls keep it)."""
     fn = "prepare_weight"
     if not isinstance(w_q, torch.Tensor) or w_q.dim() != 2:
         _fail(fn, "w_q", "must be a 2-D [N, K] tensor", type(w_q).__name__, TypeError)
@@ -91,7 +92,7 @@ def prepare_weight(w_q: torch.Tensor, w_scale: torch.Tensor, activation: torch.d
         {"tensor": (), "token": (2, 1), "group": (2, -(-K // group_size))}[a_gran], device=w_q.device)
     bias_t = torch.empty(N, dtype=out_dtype or (activation if weight_only else torch.bfloat16),
                          device=w_q.device) if bias else None
-    problem = validate_scaled_mm(a, w_q.t(), scale_a, scale_b, out_dtype, bias_t, group_size)
+    problem = validate_scaled_mm(a, w_q.t(), scale_a, scale_b, out_dtype, bias_t, group_size, accumulate)
     device = probe.device_info(w_q.device)
     provider = registry.get().select(device, problem)
     prepared = provider.prepare_weight(w_q, scale_b, problem)
@@ -105,9 +106,9 @@ _verdicts = bounded.cache("linear.verdicts", 4096)
 
 
 def linear_impl(a, pw_data, pw_scale, pw_aux, scale_a, bias, provider_name, layout, N, K, dtype,
-                out_dtype, group_size=128):
+                out_dtype, group_size=128, accumulate="fast"):
     pw = PreparedWeight(provider_name, layout, pw_data, pw_scale, N, K, dtype, None, pw_aux)
-    problem = validate_scaled_mm(a, pw.spec(), scale_a, pw_scale, out_dtype, bias, group_size)
+    problem = validate_scaled_mm(a, pw.spec(), scale_a, pw_scale, out_dtype, bias, group_size, accumulate)
     lead = tuple(a.shape[:-1])
     if a.numel() == 0:
         return a.new_empty(lead + (N,), dtype=problem.out_dtype)

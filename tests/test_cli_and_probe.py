@@ -59,7 +59,8 @@ def test_info_simulate_amd_shows_what_the_torch_provider_serves(arch):
     assert r["selection"] == {"fp8_w8a8_per_tensor": "hipblaslt", "fp8_w8a8_per_token_channel": "torch",
                               "fp8_w8a16": "torch", "int8_w8a8": "torch", "fp8_block": "torch"}
     paths = r["selection_paths"]
-    assert paths["fp8_w8a8_per_token_channel"] == "torch._scaled_mm with per-row and per-column scales"
+    assert paths["fp8_w8a8_per_token_channel"] == ("torch._scaled_mm with per-row and per-column scales, "
+                                                  "use_fast_accum=True")
     assert paths["int8_w8a8"].startswith("torch._int_mm")
     assert paths["fp8_w8a16"] == paths["fp8_block"] == "operands dequantized to bfloat16, one bfloat16 GEMM"
     torch_line = next(p for p in r["providers"] if p["name"] == "torch")

@@ -19,6 +19,7 @@ from torch import nn
 
 import qbackend
 from qbackend.dtypes import qmax
+from qbackend.problem import ACCUMULATE_MODES
 
 from .schemes import Scheme, get_scheme
 from .weight import QuantizedWeight, weight_scale_shape
@@ -44,11 +45,12 @@ class QuantLinear(nn.Module):
     Build one with `QuantLinear.from_linear(linear, scheme)` or
     `QuantLinear.from_quantized(QuantizedWeight, bias)`; the constructor makes an empty layer of
     the right shape (zero weight, unit scales, an uncalibrated NaN input_scale for static schemes)
-    for `load_state_dict`. Inference only: nothing here has a gradient.
+    for `load_state_dict`. Inference only: nothing here has a gradient. `accumulate` is scaled_mm's
+    ("fast" or "precise"); setting it later prepares the weight again on the next call.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 scheme: str | Scheme = "fp8_dynamic", device=None, dtype=None):
+                 scheme: str | Scheme = "fp8_dynamic", device=None, dtype=None, accumulate: str = "fast"):
         super().__init__()
         self.in_features = int(in_features)
         self.out_features = int(out_features)
@@ -67,17 +69,29 @@ class QuantLinear(nn.Module):
         self._dtype = dtype or torch.get_default_dtype()
         self._prepared: dict[torch.dtype, _Prepared] = {}
         self._amax: torch.Tensor | None = None  # running max |input| while calibrating
+        self.accumulate = accumulate
+
+    @property
+    def accumulate(self) -> str:
+        return self._accumulate
+
+    @accumulate.setter
+    def accumulate(self, mode: str) -> None:
+        if mode not in ACCUMULATE_MODES:
+            raise ValueError(f"QuantLinear: accumulate: must be 'fast' or 'precise'; got {mode!r}")
+        self._accumulate = mode
+        self._prepared = {}  # prepared for the old mode's provider
 
     # ----------------------------------------------------------------------------- construction
 
     @classmethod
     def from_quantized(cls, qweight: QuantizedWeight, bias: torch.Tensor | None = None,
-                       dtype: torch.dtype | None = None) -> "QuantLinear":
+                       dtype: torch.dtype | None = None, accumulate: str = "fast") -> "QuantLinear":
         """A layer holding `qweight` (no copy) and `bias`. dtype: the activations' dtype (default:
         the bias's, else torch's default); others work too, prepared on first use."""
         dtype = dtype or (bias.dtype if bias is not None else None)
         layer = cls(qweight.in_features, qweight.out_features, bias=bias is not None,
-                    scheme=qweight.scheme, device="meta", dtype=dtype)
+                    scheme=qweight.scheme, device="meta", dtype=dtype, accumulate=accumulate)
         device = qweight.weight.device
         # 8-bit kernels need 16-byte aligned operands; a fresh allocation is.
         layer.weight = qweight.weight if qweight.weight.data_ptr() % 16 == 0 else qweight.weight.clone()
@@ -94,7 +108,7 @@ class QuantLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scheme: str | Scheme = "fp8_dynamic",
-                    input_scale: torch.Tensor | float | None = None) -> "QuantLinear":
+                    input_scale: torch.Tensor | float | None = None, accumulate: str = "fast") -> "QuantLinear":
         """Quantize an nn.Linear's weight (round-to-nearest with amax scales) into a new layer.
 
         input_scale: the static activation scale for static schemes (else calibrate later).
@@ -110,7 +124,7 @@ class QuantLinear(nn.Module):
             input_scale = torch.as_tensor(input_scale, dtype=torch.float32,
                                           device=linear.weight.device).reshape(())
         qweight = QuantizedWeight.from_float(linear.weight, scheme, input_scale)
-        return cls.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype)
+        return cls.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype, accumulate=accumulate)
 
     def quantized_weight(self) -> QuantizedWeight:
         """The layer's canonical weight (shares storage with the buffers)."""
@@ -119,7 +133,8 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, scheme={self.scheme.name}")
+                f"bias={self.bias is not None}, scheme={self.scheme.name}"
+                + (f", accumulate={self.accumulate}" if self.accumulate != "fast" else ""))
 
     # ------------------------------------------------------------------------------ preparation
 
@@ -157,7 +172,7 @@ class QuantLinear(nn.Module):
             w = w.clone()  # kernels need 16-byte aligned operands; a fresh allocation is
         weight = qbackend.prepare_weight(
             w, s, activation=act_dtype, activation_granularity=scheme.activations or "tensor",
-            out_dtype=dtype, bias=self.bias is not None)
+            out_dtype=dtype, bias=self.bias is not None, accumulate=self.accumulate)
         prepared = self._prepared[dtype] = _Prepared(weight, act_dtype, input_scale, pad_k)
         return prepared
 
