@@ -108,10 +108,14 @@ class CutlassProvider(Provider):
             description="CUTLASS W8A8 GEMMs (fp8 on sm_89+, int8 on sm_75+, block-scaled fp8 and W8A16 "
                         "on sm_90), CUDA quantize kernels",
             rules=(
-                # The sm_89 and sm_90a FP8 kernels use CUTLASS's fast-accumulation mainloops.
+                # The sm_89 and sm_90a FP8 families use CUTLASS's fast-accumulation mainloops; on
+                # sm_90 the plain-mainloop family promotes partial sums into fp32 (accumulate="precise").
                 Rule(Op.SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), scales_a, scales_b,
                      _HALF_OUT, min_sm=89, k_align=16, n_align=16, why_arch="fp8 tensor cores",
                      fast_accumulation=True),
+                Rule(Op.SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), scales_a, scales_b,
+                     _HALF_OUT, min_sm=90, max_sm=90, k_align=16, n_align=16,
+                     why_arch="sm_90a FP8 kernels with fp32 promotion"),
                 Rule(Op.SCALED_MM, CUDA, frozenset({(torch.int8, torch.int8)}), scales_a, scales_b,
                      _HALF_OUT, min_sm=75, k_align=16, n_align=16, why_arch="int8 tensor cores"),
                 Rule(Op.SCALED_MM, CUDA, _W8A16_PAIRS, granularities("none"), scales_b, _HALF_OUT,
@@ -138,6 +142,8 @@ class CutlassProvider(Provider):
             return "scaled_mm_fp8_block", _sm90_only
         if problem.a_dtype == torch.int8:
             return "scaled_mm_int8", _int8_variants
+        if problem.accumulate == "precise":
+            return "scaled_mm_fp8_precise", _sm90_only
         return "scaled_mm_fp8", _fp8_variants
 
     def runtime_verdict(self, device, problem):
@@ -200,6 +206,10 @@ class CutlassProvider(Provider):
         # Per-row/column scales may arrive as strided views (w_scale.t()); the kernels read them
         # as contiguous vectors. A no-op for the usual contiguous scales.
         scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
+        if problem.accumulate == "precise" and a.dtype == qd.E4M3:
+            out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+            return native.scaled_mm(a, b, scale_a, scale_b, bias, out,
+                                    variant=self.variant | native.ACCUMULATE_PRECISE)
         rows = self._gemm_rows(a, scale_a, N)
         if rows != M:
             a_rows = _extend_rows(a, rows)

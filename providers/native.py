@@ -29,7 +29,7 @@ from qbackend import bounded
 
 from . import cuda_build
 
-__all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75",
+__all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75", "ACCUMULATE_PRECISE",
            "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
            "library_candidates", "has_variant", "build_info", "describe", "scaled_mm", "scaled_mm_workspace_size",
            "block_workspace_size", "block_config_names", "quantize", "quantize_group",
@@ -37,6 +37,8 @@ __all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARI
            "override", "set_programmatic_launch"]
 
 VARIANT_AUTO, VARIANT_SM90, VARIANT_SM89, VARIANT_SM80, VARIANT_SM75 = 0, 90, 89, 80, 75
+# OR'ed into a variant: e4m3 W8A8 with partial sums promoted into fp32 (accumulate="precise")
+ACCUMULATE_PRECISE = 0x1000
 STATIC_TENSOR, DYNAMIC_TENSOR, DYNAMIC_TOKEN = 0, 1, 2          # qb_quant_mode
 _SCALE_TENSOR, _SCALE_ROW, _SCALE_BLOCK = 0, 1, 2              # qb_scale_kind
 _DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 3,

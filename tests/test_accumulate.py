@@ -30,13 +30,14 @@ def test_a_mode_that_does_not_exist_is_refused_by_name():
         qbackend.nn.QuantLinear(64, 32, accumulate="slow")
 
 
-@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
-def test_precise_fp8_leaves_the_fast_accumulation_kernels(arch):
-    """The cutlass FP8 W8A8 kernels accumulate fast: a precise call goes to torch._scaled_mm without
-    fast accumulation; the kinds whose kernels promote into fp32 (int8, W8A16, block) stay."""
+@pytest.mark.parametrize("arch,precise_fp8", [("sm_89", "torch"), ("sm_90", "cutlass")])
+def test_precise_fp8_goes_where_partial_sums_are_promoted(arch, precise_fp8):
+    """The cutlass FP8 W8A8 families accumulate fast; on sm_90 its plain-mainloop family promotes, on
+    sm_89 a precise call goes to torch._scaled_mm without fast accumulation. The kinds whose kernels
+    promote into fp32 anyway (int8, W8A16, block) stay where they are."""
     for kind in ("fp8_w8a8_per_tensor", "fp8_w8a8_per_token_channel"):
         assert _choice(kind, arch, "fast") == "cutlass"
-        assert _choice(kind, arch, "precise") == "torch"
+        assert _choice(kind, arch, "precise") == precise_fp8
     assert _choice("int8_w8a8", arch, "precise") == "cutlass"
     assert _choice("fp8_w8a16", arch, "precise") == _choice("fp8_w8a16", arch, "fast")
     assert _choice("fp8_block", arch, "precise") == _choice("fp8_block", arch, "fast")
@@ -44,10 +45,10 @@ def test_precise_fp8_leaves_the_fast_accumulation_kernels(arch):
 
 def test_explain_names_the_mode_and_the_reason():
     p = replace(representative("fp8_w8a8_per_token_channel", E4M3, torch.bfloat16), accumulate="precise")
-    text = qbackend.explain(p, probe.simulated("sm_90"))
-    assert "precise accumulation on sm_90" in text.splitlines()[0]
+    text = qbackend.explain(p, probe.simulated("sm_89"))
+    assert "precise accumulation on sm_89" in text.splitlines()[0]
     assert "accumulate='precise': fp32 accumulation throughout" in text
-    assert "cutlass: sums fp8 products with the tensor cores' fast accumulation" in text
+    assert "cutlass: serves sm_90 only (sm_90a FP8 kernels with fp32 promotion); device is sm_89" in text
     assert "torch: ok: torch._scaled_mm with per-row and per-column scales, use_fast_accum=False" in text
     fast = qbackend.explain(replace(p, accumulate="fast"), probe.simulated("sm_90"))
     assert "accumulate='fast'" in fast and "use_fast_accum=True" in fast

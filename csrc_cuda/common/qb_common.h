@@ -57,6 +57,7 @@ struct ScaledMmArgs {
   int a_dtype;             // QB_E4M3, QB_I8, or QB_BF16 / QB_F16 (W8A16)
   int out_dtype;           // QB_BF16 or QB_F16
   bool block_scaled;       // QB_SCALE_BLOCK: scale_a [M, ceil(K/128)], scale_b [ceil(K/128), ceil(N/128)]
+  bool precise;            // QB_ACCUMULATE_PRECISE: e4m3 partial sums promoted into fp32 (the plain family)
   const float* scale_a;    // [1] or [M]; NULL for W8A16 (16-bit a)
   bool scale_a_per_row;    // true: [M]
   const float* scale_b;    // [1] or [N]
@@ -101,11 +102,11 @@ size_t sm90_fp8_block_workspace(const ScaledMmArgs& args);
 int sm90_fp8_block_config_count();
 const char* sm90_fp8_block_config_name(int config);
 
-// INT8 on sm_90a (s8 WGMMA).
-int sm90_int8_scaled_mm(const ScaledMmArgs& args, const Err& err);
-size_t sm90_int8_workspace(const ScaledMmArgs& args);
-int sm90_int8_config_count();
-const char* sm90_int8_config_name(int config);
+// INT8 (s8 WGMMA) and precise-accumulation FP8 (args.precise) on sm_90a: CUTLASS's plain mainloops.
+int sm90_plain_scaled_mm(const ScaledMmArgs& args, const Err& err);
+size_t sm90_plain_workspace(const ScaledMmArgs& args);
+int sm90_plain_config_count();
+const char* sm90_plain_config_name(int config);
 
 int sm89_fp8_scaled_mm(const ScaledMmArgs& args, const Err& err);
 size_t sm89_fp8_workspace(const ScaledMmArgs& args);

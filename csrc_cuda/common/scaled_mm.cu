@@ -31,13 +31,18 @@ const char* dtype_name(int d) {
 // W8A16: 16-bit activations with an e4m3 weight (the only mixed pair).
 bool is_w8a16(int a_dtype) { return a_dtype == QB_BF16 || a_dtype == QB_F16; }
 
-bool built(int a_dtype, int variant, bool block = false) {
+// precise: accumulate="precise" (QB_ACCUMULATE_PRECISE), which only changes the family for e4m3 W8A8.
+bool built(int a_dtype, int variant, bool block = false, bool precise = false) {
   if (block) {
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
     if (variant == QB_VARIANT_SM90 && a_dtype == QB_E4M3) return true;
 #endif
   } else if (is_w8a16(a_dtype)) {
 #ifdef QB_HAS_SCALED_MM_W8A16_90
+    if (variant == QB_VARIANT_SM90) return true;
+#endif
+  } else if (a_dtype == QB_E4M3 && precise) {
+#ifdef QB_HAS_SCALED_MM_FP8_PRECISE_90
     if (variant == QB_VARIANT_SM90) return true;
 #endif
   } else if (a_dtype == QB_E4M3) {
@@ -67,17 +72,18 @@ bool built(int a_dtype, int variant, bool block = false) {
 bool runs_on(int variant, int cc) { return variant == QB_VARIANT_SM90 ? cc == 90 : cc >= variant; }
 
 // AUTO -> the best family compiled for this device; a forced variant is checked, not changed.
-int resolve_variant(int a_dtype, bool block, int variant, int cc, const qb::Err& err, int* out) {
-  const char* what = block ? "block-scaled e4m3" : dtype_name(a_dtype);
+int resolve_variant(int a_dtype, bool block, bool precise, int variant, int cc, const qb::Err& err, int* out) {
+  precise = precise && a_dtype == QB_E4M3 && !block;
+  const char* what = block ? "block-scaled e4m3" : precise ? "precise-accumulation e4m3" : dtype_name(a_dtype);
   if (variant == QB_VARIANT_AUTO) {
     static const int kFp8Order[] = {QB_VARIANT_SM90, QB_VARIANT_SM89};
     static const int kInt8Order[] = {QB_VARIANT_SM90, QB_VARIANT_SM80, QB_VARIANT_SM75};
     static const int kSm90Only[] = {QB_VARIANT_SM90};
-    const bool sm90_only = block || is_w8a16(a_dtype);
+    const bool sm90_only = block || precise || is_w8a16(a_dtype);
     const int* order = sm90_only ? kSm90Only : a_dtype == QB_E4M3 ? kFp8Order : kInt8Order;
     const int count = sm90_only ? 1 : a_dtype == QB_E4M3 ? 2 : 3;
     for (int i = 0; i < count; ++i) {
-      if (built(a_dtype, order[i], block) && runs_on(order[i], cc)) {
+      if (built(a_dtype, order[i], block, precise) && runs_on(order[i], cc)) {
         *out = order[i];
         return QB_OK;
       }
@@ -85,13 +91,13 @@ int resolve_variant(int a_dtype, bool block, int variant, int cc, const qb::Err&
     return err.set(QB_ERR_UNSUPPORTED,
                    "qb_scaled_mm: no %s kernel in this library runs on compute capability %d.%d "
                    "(fp8 needs 8.9+ with the sm89/sm90 families built, int8 7.5+ with sm75/sm80/sm90, "
-                   "w8a16 and block-scaled fp8 9.0 with sm90)",
+                   "w8a16, block-scaled and precise-accumulation fp8 9.0 with sm90)",
                    what, cc / 10, cc % 10);
   }
   if (variant != QB_VARIANT_SM90 && variant != QB_VARIANT_SM89 && variant != QB_VARIANT_SM80 &&
       variant != QB_VARIANT_SM75)
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_scaled_mm: unknown variant %d", variant);
-  if (!built(a_dtype, variant, block))
+  if (!built(a_dtype, variant, block, precise))
     return err.set(QB_ERR_NOT_BUILT, "qb_scaled_mm: variant %d for %s was not compiled into this library", variant,
                    what);
   if (!runs_on(variant, cc))
@@ -108,9 +114,7 @@ size_t family_workspace(int variant, const qb::ScaledMmArgs& a) {
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
       if (a.block_scaled) return qb::sm90_fp8_block_workspace(a);
 #endif
-#ifdef QB_HAS_SCALED_MM_INT8_90
-      if (a.a_dtype == QB_I8) return qb::sm90_int8_workspace(a);
-#endif
+      if (a.a_dtype == QB_I8 || (a.a_dtype == QB_E4M3 && a.precise)) return qb::sm90_plain_workspace(a);
       return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_workspace(a) : qb::sm90_fp8_workspace(a);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
@@ -133,9 +137,7 @@ int family_run(int variant, const qb::ScaledMmArgs& a, const qb::Err& err) {
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
       if (a.block_scaled) return qb::sm90_fp8_block_scaled_mm(a, err);
 #endif
-#ifdef QB_HAS_SCALED_MM_INT8_90
-      if (a.a_dtype == QB_I8) return qb::sm90_int8_scaled_mm(a, err);
-#endif
+      if (a.a_dtype == QB_I8 || (a.a_dtype == QB_E4M3 && a.precise)) return qb::sm90_plain_scaled_mm(a, err);
       return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_scaled_mm(a, err) : qb::sm90_fp8_scaled_mm(a, err);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
@@ -204,9 +206,12 @@ int plan(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldo,
   qb::DeviceInfo dev;
   int st = qb::current_device(&dev, err);
   if (st != QB_OK) return st;
-  if ((st = resolve_variant(a_dtype, block, variant, dev.cc, err, fam)) != QB_OK) return st;
+  const bool precise = (variant & QB_ACCUMULATE_PRECISE) != 0;
+  if ((st = resolve_variant(a_dtype, block, precise, variant & ~QB_ACCUMULATE_PRECISE, dev.cc, err, fam)) != QB_OK)
+    return st;
   *args = qb::ScaledMmArgs{};
   args->block_scaled = block;
+  args->precise = precise;
   args->M = M;
   args->N = N;
   args->K = K;
@@ -353,13 +358,13 @@ extern "C" const char* qb_scaled_mm_block_config_name(int variant, int config) {
 }
 
 extern "C" int qb_scaled_mm_config_count(int a_dtype, int variant) {
-  if (!built(a_dtype, variant)) return 0;
+  const bool precise = (variant & QB_ACCUMULATE_PRECISE) != 0;
+  variant &= ~QB_ACCUMULATE_PRECISE;
+  if (!built(a_dtype, variant, false, precise)) return 0;
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
     case QB_VARIANT_SM90:
-#ifdef QB_HAS_SCALED_MM_INT8_90
-      if (a_dtype == QB_I8) return qb::sm90_int8_config_count();
-#endif
+      if (a_dtype == QB_I8 || (a_dtype == QB_E4M3 && precise)) return qb::sm90_plain_config_count();
       return is_w8a16(a_dtype) ? qb::sm90_w8a16_config_count() : qb::sm90_fp8_config_count();
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
@@ -376,13 +381,13 @@ extern "C" int qb_scaled_mm_config_count(int a_dtype, int variant) {
 }
 
 extern "C" const char* qb_scaled_mm_config_name(int a_dtype, int variant, int config) {
-  if (!built(a_dtype, variant) || config < 0) return nullptr;
+  const bool precise = (variant & QB_ACCUMULATE_PRECISE) != 0;
+  variant &= ~QB_ACCUMULATE_PRECISE;
+  if (!built(a_dtype, variant, false, precise) || config < 0) return nullptr;
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
     case QB_VARIANT_SM90:
-#ifdef QB_HAS_SCALED_MM_INT8_90
-      if (a_dtype == QB_I8) return qb::sm90_int8_config_name(config);
-#endif
+      if (a_dtype == QB_I8 || (a_dtype == QB_E4M3 && precise)) return qb::sm90_plain_config_name(config);
       return is_w8a16(a_dtype) ? qb::sm90_w8a16_config_name(config) : qb::sm90_fp8_config_name(config);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89

@@ -56,12 +56,20 @@ typedef enum qb_variant {
   QB_VARIANT_SM75 = 75  /* sm_75 / compute_75: mma.sync m16n8k8 / m8n8k16 (int8 GEMM, marlin) */
 } qb_variant;
 
+/* OR'ed into a scaled_mm call's `variant` (and into the variant of its workspace and config queries):
+ * e4m3 W8A8 with the tensor cores' partial sums promoted into fp32 registers after every 128-deep K
+ * tile (accumulate="precise"), instead of fast accumulation. The sm_90a family only (op
+ * "scaled_mm_fp8_precise" in qb_has_variant); other families answer QB_ERR_NOT_BUILT. INT8, W8A16
+ * and block-scaled calls are precise anyway and ignore it. (ABI 1 addition.) */
+#define QB_ACCUMULATE_PRECISE 0x1000
+
 /* Library facts: ABI version, the compiled archs (e.g. "sm_89 sm_90a compute_75 compute_80 compute_89"),
  * and the kernel variants present. Written as "key=value" lines into buf. Returns QB_OK. */
 int qb_build_info(char* buf, size_t buf_len);
 
-/* Nonzero when kernels of variant (for the given op: "scaled_mm_fp8", "scaled_mm_int8",
- * "scaled_mm_w8a16", "quantize", "marlin") were compiled into this library. */
+/* Nonzero when kernels of variant (for the given op: "scaled_mm_fp8", "scaled_mm_fp8_precise",
+ * "scaled_mm_fp8_block", "scaled_mm_int8", "scaled_mm_w8a16", "quantize", "quantize_group",
+ * "marlin") were compiled into this library. */
 int qb_has_variant(const char* op, int variant);
 
 /* out[M, N] = (scale_a * scale_b) * (A @ B) + bias, fp32 (fp8) or int32 (int8) accumulation.

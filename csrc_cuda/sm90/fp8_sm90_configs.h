@@ -57,7 +57,7 @@ struct ConfigInfo {
 enum ConfigId : int { QB_SM90_FP8_CONFIGS(QB_ENUM) kNumConfigs };
 #undef QB_ENUM
 
-// One kConfigs entry from an X(...) line (also of the INT8 list, int8_sm90_configs.h).
+// One kConfigs entry from an X(...) line (also of the plain list, plain_sm90_configs.h).
 #define QB_SM90_CONFIG_INFO(id, name, swap, tm, tn, tk, cm, cn, sched) {name, swap, tm, tn, tk, cm, cn, #sched[0] == 'C'},
 constexpr ConfigInfo kConfigs[kNumConfigs] = {QB_SM90_FP8_CONFIGS(QB_SM90_CONFIG_INFO)};
 

@@ -2,7 +2,7 @@
 #include "w8a8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INT8_INSTANTIATE(kI8Swap64x128Ping, 1)
-QB_SM90_INT8_INSTANTIATE(kI8Swap128x64Coop, 1)
-QB_SM90_INT8_INSTANTIATE(kI8Ping128x128Cluster2, 1)
+QB_SM90_PLAIN_INSTANTIATE(Mainloop::kInt8, kPlainSwap64x128Ping, 1)
+QB_SM90_PLAIN_INSTANTIATE(Mainloop::kInt8, kPlainSwap128x64Coop, 1)
+QB_SM90_PLAIN_INSTANTIATE(Mainloop::kInt8, kPlainPing128x128Cluster2, 1)
 }  // namespace qb::sm90

@@ -3,6 +3,6 @@
 #include "w8a8_sm90_kernel.cuh"
 
 namespace qb::sm90 {
-QB_SM90_INT8_INSTANTIATE(kI8Swap64x16Ping, 0)
-QB_SM90_INT8_INSTANTIATE(kI8Swap64x64Ping, 0)
+QB_SM90_PLAIN_INSTANTIATE(Mainloop::kInt8, kPlainSwap64x16Ping, 0)
+QB_SM90_PLAIN_INSTANTIATE(Mainloop::kInt8, kPlainSwap64x64Ping, 0)
 }  // namespace qb::sm90

@@ -1,7 +1,7 @@
 // w8a8_sm90_kernel.cuh: the one CUTLASS 3.x kernel template behind every SM90 FP8 and INT8 config.
 //
-// A TMA warp-specialized GEMM (WGMMA: e4m3 with FP8 fast accumulation into fp32, or s8 into exact
-// int32) whose epilogue visitor tree computes
+// A TMA warp-specialized GEMM (WGMMA: e4m3 with FP8 fast accumulation, e4m3 promoted into fp32
+// registers after every K tile, or s8 into exact int32) whose epilogue visitor tree computes
 //     D = scale_a * (scale_b * acc) + bias
 // with scale_a broadcast along the token dimension, scale_b and bias along the channel dimension.
 // Scales are "dynamic broadcasts" (a runtime bool stride): one instantiation serves both per-tensor
@@ -26,7 +26,7 @@
 
 #include "cutlass_launch.cuh"
 #include "fp8_sm90_configs.h"
-#include "int8_sm90_configs.h"
+#include "plain_sm90_configs.h"
 
 namespace qb::sm90 {
 
@@ -158,49 +158,53 @@ struct W8A8Gemm {
   }
 };
 
-// Schedules by operand type: e4m3 takes CUTLASS's FP8 fast-accumulation mainloops, s8 the plain ones
-// (its int32 accumulation needs no promotion).
-template <class ElementAB>
+// Schedules by mainloop. CUTLASS's builder gives e4m3 operands with the plain schedules its FP8
+// mainloop that promotes the tensor cores' partial sums into fp32 registers every 4 WGMMAs (its
+// default mma_promotion_interval: one 128-deep K tile); the FP8FastAccum schedules accumulate in the
+// tensor cores throughout; s8 takes the plain ones (int32 accumulation needs no promotion).
+template <Mainloop kMain>
+using ElementOf = std::conditional_t<kMain == Mainloop::kInt8, int8_t, cutlass::float_e4m3_t>;
+template <Mainloop kMain>
 struct Coop {
-  using Kernel = std::conditional_t<std::is_same_v<ElementAB, int8_t>, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                                    cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum>;
+  using Kernel = std::conditional_t<kMain == Mainloop::kFp8Fast, cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
+                                    cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using Epi = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using Sched = cutlass::gemm::StreamKScheduler;
 };
-template <class ElementAB>
+template <Mainloop kMain>
 struct Ping {
-  using Kernel = std::conditional_t<std::is_same_v<ElementAB, int8_t>, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                                    cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum>;
+  using Kernel = std::conditional_t<kMain == Mainloop::kFp8Fast, cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum,
+                                    cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
   using Epi = cutlass::epilogue::TmaWarpSpecialized;
   using Sched = cutlass::gemm::PersistentScheduler;
 };
 
 // Config id -> kernel type, from the X-macro lists.
-template <class ElementAB, int OutTag, class Tile, class Cluster, template <class> class Schedule, bool kSwap>
-using ConfigGemm = W8A8Gemm<ElementAB, std::conditional_t<OutTag == 0, cutlass::bfloat16_t, cutlass::half_t>, Tile,
-                            Cluster, typename Schedule<ElementAB>::Kernel, typename Schedule<ElementAB>::Epi,
-                            typename Schedule<ElementAB>::Sched, kSwap>;
+template <Mainloop kMain, int OutTag, class Tile, class Cluster, template <Mainloop> class Schedule, bool kSwap>
+using ConfigGemm = W8A8Gemm<ElementOf<kMain>, std::conditional_t<OutTag == 0, cutlass::bfloat16_t, cutlass::half_t>,
+                            Tile, Cluster, typename Schedule<kMain>::Kernel, typename Schedule<kMain>::Epi,
+                            typename Schedule<kMain>::Sched, kSwap>;
 
 template <int Id, int OutTag>
 struct ConfigType;
-template <int Id, int OutTag>
-struct Int8ConfigType;
+template <Mainloop kMain, int Id, int OutTag>
+struct PlainConfigType;
 #define QB_TYPE(id, name, swap, tm, tn, tk, cm, cn, sched)                                                 \
   template <int OutTag>                                                                                 \
   struct ConfigType<id, OutTag> {                                                                       \
-    using type = ConfigGemm<cutlass::float_e4m3_t, OutTag, Shape<Int<tm>, Int<tn>, Int<tk>>,              \
+    using type = ConfigGemm<Mainloop::kFp8Fast, OutTag, Shape<Int<tm>, Int<tn>, Int<tk>>,                 \
                             Shape<Int<cm>, Int<cn>, _1>, sched, swap>;                                  \
   };
 QB_SM90_FP8_CONFIGS(QB_TYPE)
 #undef QB_TYPE
-#define QB_INT8_TYPE(id, name, swap, tm, tn, tk, cm, cn, sched)                                              \
-  template <int OutTag>                                                                                 \
-  struct Int8ConfigType<id, OutTag> {                                                                   \
-    using type = ConfigGemm<int8_t, OutTag, Shape<Int<tm>, Int<tn>, Int<tk>>, Shape<Int<cm>, Int<cn>, _1>, \
+#define QB_PLAIN_TYPE(id, name, swap, tm, tn, tk, cm, cn, sched)                                             \
+  template <Mainloop kMain, int OutTag>                                                                 \
+  struct PlainConfigType<kMain, id, OutTag> {                                                           \
+    using type = ConfigGemm<kMain, OutTag, Shape<Int<tm>, Int<tn>, Int<tk>>, Shape<Int<cm>, Int<cn>, _1>,  \
                             sched, swap>;                                                               \
   };
-QB_SM90_INT8_CONFIGS(QB_INT8_TYPE)
-#undef QB_INT8_TYPE
+QB_SM90_PLAIN_CONFIGS(QB_PLAIN_TYPE)
+#undef QB_PLAIN_TYPE
 
 template <int Id, int OutTag>
 int run_config(const ScaledMmArgs& args, const RunOpts& opts, const Err& err) {
@@ -210,20 +214,20 @@ template <int Id, int OutTag>
 size_t config_workspace(const ScaledMmArgs& args, const RunOpts& opts) {
   return ConfigType<Id, OutTag>::type::workspace(args, opts);
 }
-template <int Id, int OutTag>
-int int8_run_config(const ScaledMmArgs& args, const RunOpts& opts, const Err& err) {
-  return Int8ConfigType<Id, OutTag>::type::run(args, opts, err, kInt8Configs[Id].name);
+template <Mainloop kMain, int Id, int OutTag>
+int plain_run_config(const ScaledMmArgs& args, const RunOpts& opts, const Err& err) {
+  return PlainConfigType<kMain, Id, OutTag>::type::run(args, opts, err, kPlainConfigs[Id].name);
 }
-template <int Id, int OutTag>
-size_t int8_config_workspace(const ScaledMmArgs& args, const RunOpts& opts) {
-  return Int8ConfigType<Id, OutTag>::type::workspace(args, opts);
+template <Mainloop kMain, int Id, int OutTag>
+size_t plain_config_workspace(const ScaledMmArgs& args, const RunOpts& opts) {
+  return PlainConfigType<kMain, Id, OutTag>::type::workspace(args, opts);
 }
 
 #define QB_SM90_INSTANTIATE(id, tag)                                                       \
   template int run_config<id, tag>(const ScaledMmArgs&, const RunOpts&, const Err&); \
   template size_t config_workspace<id, tag>(const ScaledMmArgs&, const RunOpts&);
-#define QB_SM90_INT8_INSTANTIATE(id, tag)                                                       \
-  template int int8_run_config<id, tag>(const ScaledMmArgs&, const RunOpts&, const Err&); \
-  template size_t int8_config_workspace<id, tag>(const ScaledMmArgs&, const RunOpts&);
+#define QB_SM90_PLAIN_INSTANTIATE(main, id, tag)                                                       \
+  template int plain_run_config<main, id, tag>(const ScaledMmArgs&, const RunOpts&, const Err&); \
+  template size_t plain_config_workspace<main, id, tag>(const ScaledMmArgs&, const RunOpts&);
 
 }  // namespace qb::sm90

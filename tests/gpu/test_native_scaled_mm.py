@@ -151,7 +151,18 @@ def test_auto_variant_matches_forced():
            2e-2, "auto")
 
 
-@pytest.mark.parametrize("dtype,variant", [(F8, v) for v in FP8_VARIANTS] + [(torch.int8, 90)] * (90 in INT8_VARIANTS))
+PRECISE = 90 | native.ACCUMULATE_PRECISE  # the sm90 family's precise-accumulation FP8 kernels
+PRECISE_VARIANTS = [PRECISE] if native.has_variant("scaled_mm_fp8_precise", 90) and 90 in INT8_VARIANTS else []
+
+
+@pytest.mark.parametrize("variant", PRECISE_VARIANTS)
+@pytest.mark.parametrize("M,N,K", [(M, N, K) for M in MS for (N, K) in SHAPES])
+def test_precise_fp8_scaled_mm(M, N, K, variant):
+    _run_case(M, N, K, F8, variant)
+
+
+@pytest.mark.parametrize("dtype,variant", [(F8, v) for v in FP8_VARIANTS + PRECISE_VARIANTS]
+                         + [(torch.int8, 90)] * (90 in INT8_VARIANTS))
 def test_every_config_and_decomposition(dtype, variant):
     """Each compiled config, forced, under each work decomposition: the tuning knobs stay correct."""
     names = native.config_names(dtype, variant)
