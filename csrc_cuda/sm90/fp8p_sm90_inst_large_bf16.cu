@@ -6,4 +6,5 @@ namespace qb::sm90 {
 QB_SM90_PLAIN_INSTANTIATE(Mainloop::kFp8Precise, kPlainSwap64x128Ping, 0)
 QB_SM90_PLAIN_INSTANTIATE(Mainloop::kFp8Precise, kPlainSwap128x64Coop, 0)
 QB_SM90_PLAIN_INSTANTIATE(Mainloop::kFp8Precise, kPlainPing128x128Cluster2, 0)
+QB_SM90_PLAIN_INSTANTIATE(Mainloop::kFp8Precise, kPlainCoop128x128Cluster2, 0)
 }  // namespace qb::sm90

@@ -17,7 +17,8 @@
   X(kPlainSwap64x64Ping, "plain_swap_64x64x128_ping", true, 64, 64, 128, 1, 1, Ping)              \
   X(kPlainSwap64x128Ping, "plain_swap_64x128x128_ping", true, 64, 128, 128, 1, 1, Ping)           \
   X(kPlainSwap128x64Coop, "plain_swap_128x64x128_coop", true, 128, 64, 128, 1, 1, Coop)           \
-  X(kPlainPing128x128Cluster2, "plain_128x128x128_ping_c2x1", false, 128, 128, 128, 2, 1, Ping)
+  X(kPlainPing128x128Cluster2, "plain_128x128x128_ping_c2x1", false, 128, 128, 128, 2, 1, Ping)          \
+  X(kPlainCoop128x128Cluster2, "plain_128x128x128_coop_c2x1", false, 128, 128, 128, 2, 1, Coop)
 
 namespace qb::sm90 {
 

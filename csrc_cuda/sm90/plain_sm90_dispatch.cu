@@ -11,8 +11,12 @@
 //   M <= 128    swapped 64x128 ping-pong;
 //   M <= 256    with N <= 4096: swapped 128x64 cooperative, or swapped 64x128 ping-pong where two
 //               128-token tiles leave fewer than 24 rows empty;
-//   otherwise   128x128 ping-pong in 2x1 clusters, swizzle 8 from M = 4096 and N = 8192 (tiles that
-//               share A and B rows run close together, so those rows stay in L2).
+//   otherwise   128x128 tiles in 2x1 clusters, swizzle 8 from M = 4096 and N = 8192 (tiles that
+//               share A and B rows run close together, so those rows stay in L2): ping-pong for INT8,
+//               cooperative for precise FP8. A ping-pong consumer holds the whole 128x128 fp32 tile
+//               (128 registers a thread), and the promoting mainloop a second copy of it: that spills,
+//               and ran x3.4 to x4.4 the time of the fast kernels at M = 4096 on an H100
+//               (bench/results/accumulate_h100_pingpong.log). Cooperative halves it per warp group.
 // Always data-parallel unless forced (qb_scaled_mm_override): stream-K's partial tiles did not pay
 // at these buckets for FP8.
 #include "plain_sm90_configs.h"
@@ -56,6 +60,7 @@ Plan auto_plan(const ScaledMmArgs& a) {
   else if (a.M <= 128) p.config = kPlainSwap64x128Ping;
   else if (a.M <= 256 && a.N <= 4096) p.config = a.M > 256 - kMinMissingRows ? kPlainSwap64x128Ping : kPlainSwap128x64Coop;
   else if (a.M >= 4096 && a.N >= 8192) p.opts.swizzle = 8;
+  if (p.config == kPlainPing128x128Cluster2 && a.a_dtype == QB_E4M3) p.config = kPlainCoop128x128Cluster2;
   return p;
 }
 
