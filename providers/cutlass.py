@@ -58,6 +58,16 @@ def _extend_rows(t: torch.Tensor, rows: int):
     return t.as_strided((rows, t.shape[1]), t.stride(), t.storage_offset())
 
 
+# Precise FP8 (accumulate="precise") on sm_90: the promoting family serves it when cutlass is forced;
+# by default it goes to the torch provider's cuBLASLt promoting kernels, which ran x0.98 to x1.19 of
+# the fast kernels' time at M = 4096 on an H100 where this family's first large-M tiles (ping-pong,
+# which spill the promoted accumulator) ran x3.4 to x4.4; its cooperative large-M tiles are not yet
+# timed (bench/results/accumulate_h100_torch.log, accumulate_h100_pingpong.log). At M = 16 this family
+# was the faster of the two.
+_PRECISE_BY_FORCE = ("precise fp8 runs on the torch provider (cuBLASLt's promoting kernels) unless cutlass is "
+                     "forced (QBACKEND_PROVIDER=cutlass: its sm_90a promoting family)")
+
+
 def _forced_variant(text: str) -> int:
     """'90', 'sm90', 'sm_90a' -> 90; '' or 'auto' -> 0 (the library picks)."""
     digits = "".join(ch for ch in text if ch.isdigit())
@@ -155,18 +165,19 @@ class CutlassProvider(Provider):
             why = _block_mismatch(problem)
             if why is not None:
                 return Verdict(False, why)
+        op, variants_for = self._kernel_op(problem)
+        by_force = Verdict(False, _PRECISE_BY_FORCE, forceable=True) if op == "scaled_mm_fp8_precise" else None
         if device.simulated:
-            return None
+            return by_force
         if native.load() is None:
             return Verdict(False, f"native library not available: {native.load_error()}")
-        op, variants_for = self._kernel_op(problem)
         if op.startswith("quantize"):
             return None if native.has_variant(op, 0) else Verdict(False, f"library built without {op} kernels")
         wanted = (self.variant,) if self.variant else variants_for(device.sm)
         if not any(native.has_variant(op, v) for v in wanted):
             return Verdict(False, f"library has no {op} kernels for {device.arch} "
                                   f"(families {', '.join(f'sm_{v}' for v in wanted)} not built)")
-        return None
+        return by_force
 
     def _sm90(self, device: torch.device):
         """The multiprocessor count of `device` when the sm_90a FP8 kernels serve it, else None."""

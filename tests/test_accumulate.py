@@ -30,17 +30,33 @@ def test_a_mode_that_does_not_exist_is_refused_by_name():
         qbackend.nn.QuantLinear(64, 32, accumulate="slow")
 
 
-@pytest.mark.parametrize("arch,precise_fp8", [("sm_89", "torch"), ("sm_90", "cutlass")])
-def test_precise_fp8_goes_where_partial_sums_are_promoted(arch, precise_fp8):
-    """The cutlass FP8 W8A8 families accumulate fast; on sm_90 its plain-mainloop family promotes, on
-    sm_89 a precise call goes to torch._scaled_mm without fast accumulation. The kinds whose kernels
-    promote into fp32 anyway (int8, W8A16, block) stay where they are."""
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
+def test_precise_fp8_goes_where_partial_sums_are_promoted(arch):
+    """The cutlass FP8 W8A8 families accumulate fast: a precise call goes to torch._scaled_mm without
+    fast accumulation (on sm_90 cutlass's promoting family serves it only when forced). The kinds
+    whose kernels promote into fp32 anyway (int8, W8A16, block) stay where they are."""
     for kind in ("fp8_w8a8_per_tensor", "fp8_w8a8_per_token_channel"):
         assert _choice(kind, arch, "fast") == "cutlass"
-        assert _choice(kind, arch, "precise") == precise_fp8
+        assert _choice(kind, arch, "precise") == "torch"
     assert _choice("int8_w8a8", arch, "precise") == "cutlass"
     assert _choice("fp8_w8a16", arch, "precise") == _choice("fp8_w8a16", arch, "fast")
     assert _choice("fp8_block", arch, "precise") == _choice("fp8_block", arch, "fast")
+
+
+def test_forcing_cutlass_runs_its_promoting_family_on_sm_90_only(monkeypatch):
+    p = replace(representative("fp8_w8a8_per_token_channel", E4M3, torch.bfloat16), accumulate="precise")
+    monkeypatch.setenv("QBACKEND_PROVIDER", "cutlass")
+    registry.reload()
+    try:
+        assert qbackend.select(p, probe.simulated("sm_90")).name == "cutlass"
+        on_89 = qbackend.select(p, probe.simulated("sm_89"))
+        assert on_89.name == "torch"
+        assert dict(on_89.verdicts)["cutlass"].reason.startswith("serves sm_90 only")
+    finally:
+        monkeypatch.delenv("QBACKEND_PROVIDER")
+        registry.reload()
+    text = qbackend.explain(p, probe.simulated("sm_90"))
+    assert "-- cutlass: precise fp8 runs on the torch provider" in text and "-> torch" in text
 
 
 def test_explain_names_the_mode_and_the_reason():

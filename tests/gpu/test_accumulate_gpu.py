@@ -10,6 +10,7 @@ import torch
 
 import qbackend
 from gpu_helpers import needs_sm, poison
+from qbackend import registry
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -45,13 +46,29 @@ def test_error_within_the_stated_bound(mode, K, out_dtype):
     assert err <= BOUND[mode][K], (mode, K, out_dtype, err)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="cutlass's promoting FP8 family is sm_90a")
+@pytest.mark.parametrize("K", [4096, 28672])
+def test_cutlass_promoting_family_when_forced(monkeypatch, K):
+    """Forced, cutlass serves precise FP8 with its promoting family, within the precise bound (fp16
+    output: its kernels write bf16 or fp16)."""
+    monkeypatch.setenv("QBACKEND_PROVIDER", "cutlass")
+    registry.reload()
+    try:
+        err = _error("precise", K, torch.float16, torch.Generator(device=DEV).manual_seed(K))
+    finally:
+        monkeypatch.delenv("QBACKEND_PROVIDER")
+        registry.reload()
+    print(f"cutlass precise K={K} out=fp16: max error {err:.2e} of max|ref|")
+    assert err <= BOUND["precise"][K], (K, err)
+
+
 @needs_sm((8, 9), "fp8 tensor cores")
 def test_precise_is_served_by_a_promoting_provider():
-    """sm_90: cutlass's plain-mainloop family; sm_89: torch._scaled_mm without fast accumulation."""
+    """By default torch._scaled_mm without fast accumulation (cuBLASLt's promoting kernels)."""
     from qbackend.validate import validate_scaled_mm
     qx, sx = qbackend.quantize(torch.randn(16, 4096, device=DEV), E4M3, "token")
     qw, sw = qbackend.quantize(torch.randn(1024, 4096, device=DEV), E4M3, "channel")
-    precise = "cutlass" if torch.cuda.get_device_capability() == (9, 0) else "torch"
-    for mode, expected in (("fast", "cutlass"), ("precise", precise)):
+    for mode, expected in (("fast", "cutlass"), ("precise", "torch")):
         p = validate_scaled_mm(qx, qw.t(), sx, sw.t(), torch.bfloat16, None, 128, mode)
         assert qbackend.select(p, torch.device(DEV)).name == expected, mode
