@@ -158,10 +158,10 @@ struct W8A8Gemm {
   }
 };
 
-// Schedules by mainloop. CUTLASS's builder gives e4m3 operands with the plain schedules its FP8
+// Schedules by mainloop. For e4m3 operands with the plain schedules, CUTLASS's builder picks its FP8
 // mainloop that promotes the tensor cores' partial sums into fp32 registers every 4 WGMMAs (its
-// default mma_promotion_interval: one 128-deep K tile); the FP8FastAccum schedules accumulate in the
-// tensor cores throughout; s8 takes the plain ones (int32 accumulation needs no promotion).
+// default mma_promotion_interval: one 128-deep K tile); with the FP8FastAccum schedules the tensor
+// cores accumulate throughout. s8 takes the plain ones (int32 accumulation needs no promotion).
 template <Mainloop kMain>
 using ElementOf = std::conditional_t<kMain == Mainloop::kInt8, int8_t, cutlass::float_e4m3_t>;
 template <Mainloop kMain>
