@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qgroup|block|qsweep|bench|qbackend_bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
+#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qgroup|block|accumulate|qsweep|bench|qbackend_bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -65,6 +65,12 @@ for step in $steps; do
     qgroup)  # per-token-group (1 x 128) quantize against torch.compile, after its GPU test
       timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_quantize_group.py 2>&1 | tail -3
       timeout 150 python3 bench/bench_quantize.py --granularity group --out "$OUT/quantize_group_h200.json" 2>&1 ;;
+    accumulate)  # accumulate="fast" against "precise": the error bounds, the promoting kernels' tests, both
+                 # precise paths timed (the default, cuBLASLt through the torch provider; cutlass forced)
+      timeout 120 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_accumulate_gpu.py 2>&1 | tail -25
+      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_scaled_mm.py -k "precise or every_config" 2>&1 | tail -3
+      timeout 150 python3 bench/bench_accumulate.py --out "$OUT/accumulate_h200.json" 2>&1
+      QBACKEND_PROVIDER=cutlass timeout 150 python3 bench/bench_accumulate.py --out "$OUT/accumulate_cutlass_h200.json" 2>&1 ;;
     qsweep)  # the per-token quantize kernel's vectors per thread: automatic against forced
       timeout 200 python3 bench/bench_quantize.py --sweep 2>&1 ;;
     bench)
