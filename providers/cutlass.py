@@ -217,11 +217,10 @@ class CutlassProvider(Provider):
         # Per-row/column scales may arrive as strided views (w_scale.t()); the kernels read them
         # as contiguous vectors. A no-op for the usual contiguous scales.
         scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
-        if problem.accumulate == "precise" and a.dtype == qd.E4M3:
-            out = torch.empty((M, N), dtype=out_dtype, device=a.device)
-            return native.scaled_mm(a, b, scale_a, scale_b, bias, out,
-                                    variant=self.variant | native.ACCUMULATE_PRECISE)
-        rows = self._gemm_rows(a, scale_a, N)
+        # The promoting family runs its own tiles on M rows (whole token tiles are the fast family's).
+        precise = problem.accumulate == "precise" and a.dtype == qd.E4M3
+        variant = self.variant | (native.ACCUMULATE_PRECISE if precise else 0)
+        rows = M if precise else self._gemm_rows(a, scale_a, N)
         if rows != M:
             a_rows = _extend_rows(a, rows)
             scale_rows = scale_a if scale_a.numel() == 1 else _extend_rows(scale_a.reshape(M, 1), rows)
@@ -230,7 +229,7 @@ class CutlassProvider(Provider):
             else:
                 a, scale_a = a_rows, scale_rows
         out = torch.empty((rows, N), dtype=out_dtype, device=a.device)
-        native.scaled_mm(a, b, scale_a, scale_b, bias, out, variant=self.variant)
+        native.scaled_mm(a, b, scale_a, scale_b, bias, out, variant=variant)
         return out[:M] if rows != M else out
 
     def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):

@@ -31,6 +31,12 @@ const char* dtype_name(int d) {
 // W8A16: 16-bit activations with an e4m3 weight (the only mixed pair).
 bool is_w8a16(int a_dtype) { return a_dtype == QB_BF16 || a_dtype == QB_F16; }
 
+// The family part of a `variant` argument; *precise: whether QB_ACCUMULATE_PRECISE was OR'ed into it.
+int split_accumulate(int variant, bool* precise) {
+  *precise = (variant & QB_ACCUMULATE_PRECISE) != 0;
+  return variant & ~QB_ACCUMULATE_PRECISE;
+}
+
 // precise: accumulate="precise" (QB_ACCUMULATE_PRECISE), which only changes the family for e4m3 W8A8.
 bool built(int a_dtype, int variant, bool block = false, bool precise = false) {
   if (block) {
@@ -206,9 +212,9 @@ int plan(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldo,
   qb::DeviceInfo dev;
   int st = qb::current_device(&dev, err);
   if (st != QB_OK) return st;
-  const bool precise = (variant & QB_ACCUMULATE_PRECISE) != 0;
-  if ((st = resolve_variant(a_dtype, block, precise, variant & ~QB_ACCUMULATE_PRECISE, dev.cc, err, fam)) != QB_OK)
-    return st;
+  bool precise;
+  variant = split_accumulate(variant, &precise);
+  if ((st = resolve_variant(a_dtype, block, precise, variant, dev.cc, err, fam)) != QB_OK) return st;
   *args = qb::ScaledMmArgs{};
   args->block_scaled = block;
   args->precise = precise;
@@ -358,8 +364,8 @@ extern "C" const char* qb_scaled_mm_block_config_name(int variant, int config) {
 }
 
 extern "C" int qb_scaled_mm_config_count(int a_dtype, int variant) {
-  const bool precise = (variant & QB_ACCUMULATE_PRECISE) != 0;
-  variant &= ~QB_ACCUMULATE_PRECISE;
+  bool precise;
+  variant = split_accumulate(variant, &precise);
   if (!built(a_dtype, variant, false, precise)) return 0;
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90
@@ -381,8 +387,8 @@ extern "C" int qb_scaled_mm_config_count(int a_dtype, int variant) {
 }
 
 extern "C" const char* qb_scaled_mm_config_name(int a_dtype, int variant, int config) {
-  const bool precise = (variant & QB_ACCUMULATE_PRECISE) != 0;
-  variant &= ~QB_ACCUMULATE_PRECISE;
+  bool precise;
+  variant = split_accumulate(variant, &precise);
   if (!built(a_dtype, variant, false, precise) || config < 0) return nullptr;
   switch (variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_90

@@ -61,6 +61,16 @@ enum ConfigId : int { QB_SM90_FP8_CONFIGS(QB_ENUM) kNumConfigs };
 #define QB_SM90_CONFIG_INFO(id, name, swap, tm, tn, tk, cm, cn, sched) {name, swap, tm, tn, tk, cm, cn, #sched[0] == 'C'},
 constexpr ConfigInfo kConfigs[kNumConfigs] = {QB_SM90_FP8_CONFIGS(QB_SM90_CONFIG_INFO)};
 
+// Whole token tiles. The TMA copy of a token tile that reaches past the last row of A fills the
+// missing rows with zeros, and that fill is slow when many rows are missing: on the H200, x1.4 to
+// x1.5 the time of the same GEMM on whole tiles at M = 72 with 128-token tiles, x1.1 to x1.2 at
+// M = 66 with 96-token ones, 5 to 10 % at M = 40 with 64-token ones; no consistent cost with fewer
+// than 24 rows missing (M = 112 on 128-token tiles: whole ones 3 % faster on average over four
+// shapes, 14 % slower on one; M = 48 and 56 on 64: within 3 %) nor in the small-M kernel's tiles
+// (M <= 32). Above 128 tokens: M = 200 took 13.3 / 39.3 us on 4096 x 4096 / 4096 x 14336 where
+// M = 256 took 10.4 / 30.7. (bench/results/scaled_mm_ab_h200.log, the partial token tiles sections.)
+constexpr int64_t kMinMissingRows = 24;
+
 // Defined (explicitly instantiated) in fp8_sm90_inst_*.cu. OutTag: 0 bf16, 1 fp16.
 template <int Id, int OutTag>
 int run_config(const ScaledMmArgs& args, const RunOpts& opts, const Err& err);

@@ -51,8 +51,6 @@ struct Plan {
   RunOpts opts;
 };
 
-constexpr int64_t kMinMissingRows = 24;  // as in fp8_sm90_dispatch.cu
-
 Plan auto_plan(const ScaledMmArgs& a) {
   Plan p{kPlainPing128x128Cluster2, RunOpts{}};
   if (a.M <= 16) p.config = kPlainSwap64x16Ping;
