@@ -21,15 +21,19 @@ DECOMPS = {"dp": 0, "streamk": 2}
 dev = "cuda"
 
 
-def variants(M):
-    """(label, config id, decomposition) worth timing at M."""
+def variants(M, N, sms):
+    """(label, config id, decomposition, splits) worth timing at M: data-parallel and stream-K
+    always, split-K in 2 and 4 where the output tiles fill less than half the GPU."""
     out = []
     for ci, name in enumerate(native.block_config_names(90)):
         swap = "swap" in name
         tile_tokens = int(name.split("_")[-1].split("x")[1]) if swap else 128
         if swap and (M > 128 or tile_tokens > 4 * max(M, 16)):
             continue
-        out += [(f"{name}/{d}", ci, code) for d, code in DECOMPS.items()]
+        out += [(f"{name}/{d}", ci, code, -1) for d, code in DECOMPS.items()]
+        tiles = -(-N // 128) * -(-M // tile_tokens)
+        if 2 * tiles < sms:
+            out += [(f"{name}/splitk{s}", ci, 1, s) for s in (2, 4)]
     return out
 
 
@@ -55,8 +59,9 @@ def bench(shapes, ms, g):
                 row["torch_us"] = float("nan")
                 print(f"  torch blockwise: {e}")
             outs = [torch.empty(M, N, dtype=torch.bfloat16, device=dev) for _ in ws]
-            for label, ci, d in variants(M) + [("auto", -1, -1)]:
-                native.override(ci, d, -1)
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count
+            for label, ci, d, splits in variants(M, N, sms) + [("auto", -1, -1, -1)]:
+                native.override(ci, d, splits)
                 try:
                     wsz = native.block_workspace_size(M, N, K, torch.bfloat16, 90)
                     work = torch.empty(max(wsz, 1), dtype=torch.uint8, device=dev)

@@ -6,9 +6,9 @@ The sm_90 W8A16 kernels read the checkpoint's own [N, K] e4m3 weight (no repacki
 not) and convert it exactly to the activation dtype in registers before each WGMMA.
 
 Block-scaled FP8 (1 x 128 activation groups, 128 x 128 weight blocks, DeepSeek-style) runs on sm_90
-with two-level accumulation: each 128-deep K block's fp32 partial sums are scaled and added into a
-second fp32 accumulator. Scales are read as scaled_mm receives them ([M, Kb] and [Kb, Nb], the
-prepared layout), the last group or block may be partial.
+(WGMMA) and sm_89+ (mma.sync) with two-level accumulation: each 128-deep K block's fp32 partial
+sums are scaled and added into a second fp32 accumulator. Scales are read as scaled_mm receives
+them ([M, Kb] and [Kb, Nb], the prepared layout), the last group or block may be partial.
 
 QBACKEND_CUTLASS_VARIANT=90|89|80|75 forces a kernel family (for verifying the PTX-embedded older
 families on a newer chip); unset, the library picks the best family built for the device.
@@ -115,7 +115,7 @@ class CutlassProvider(Provider):
         scales_a, scales_b = granularities("tensor", "token"), granularities("tensor", "channel")
         super().__init__(
             name="cutlass", priority=100,
-            description="CUTLASS W8A8 GEMMs (fp8 on sm_89+, int8 on sm_75+, block-scaled fp8 and W8A16 "
+            description="CUTLASS W8A8 GEMMs (fp8 and block-scaled fp8 on sm_89+, int8 on sm_75+, W8A16 "
                         "on sm_90), CUDA quantize kernels",
             rules=(
                 # The sm_89 and sm_90a FP8 families use CUTLASS's fast-accumulation mainloops; on
@@ -131,8 +131,8 @@ class CutlassProvider(Provider):
                 Rule(Op.SCALED_MM, CUDA, _W8A16_PAIRS, granularities("none"), scales_b, _HALF_OUT,
                      min_sm=90, max_sm=90, k_align=16, n_align=8, why_arch="sm_90a mixed-input WGMMA kernels"),
                 Rule(Op.SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), granularities("group"),
-                     granularities("block"), _HALF_OUT, min_sm=90, max_sm=90, k_align=16, n_align=8,
-                     why_arch="sm_90a block-scaled WGMMA kernels"),
+                     granularities("block"), _HALF_OUT, min_sm=89, k_align=16, n_align=8,
+                     why_arch="fp8 tensor cores"),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("tensor"), min_sm=75, n_align=16),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("token"), min_sm=75, n_align=16,
                      static=frozenset({False})),
@@ -149,7 +149,7 @@ class CutlassProvider(Provider):
         if problem.a_dtype in (torch.bfloat16, torch.float16):
             return "scaled_mm_w8a16", _sm90_only
         if problem.scale_b is Granularity.BLOCK:
-            return "scaled_mm_fp8_block", _sm90_only
+            return "scaled_mm_fp8_block", _fp8_variants
         if problem.a_dtype == torch.int8:
             return "scaled_mm_int8", _int8_variants
         if problem.accumulate == "precise":

@@ -279,7 +279,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None, sc
     row-major [N, K] weight); scale_a: fp32 with 1 or M elements; scale_b: fp32 with 1 or N elements;
     bias: None or [N] in out's dtype; out: [M, N] bf16/fp16 with unit column stride.
     W8A16 (sm_90a): a bf16/fp16, b e4m3fn, scale_a None, out in a's dtype.
-    block=True (sm_90a, e4m3fn): scale_a [M, ceil(K/128)], scale_b [ceil(K/128), ceil(N/128)].
+    block=True (sm_90a and sm_89+, e4m3fn): scale_a [M, ceil(K/128)], scale_b [ceil(K/128), ceil(N/128)].
     `workspace` (uint8 CUDA tensor) overrides the split-K scratch this function would allocate.
     """
     lib = _need()

@@ -35,6 +35,9 @@ const Variant kVariants[] = {
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
     {"scaled_mm_fp8_block", QB_VARIANT_SM90},
 #endif
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_89
+    {"scaled_mm_fp8_block", QB_VARIANT_SM89},
+#endif
 #ifdef QB_HAS_SCALED_MM_FP8_PRECISE_90
     {"scaled_mm_fp8_precise", QB_VARIANT_SM90},
 #endif

@@ -112,6 +112,11 @@ int sm89_fp8_scaled_mm(const ScaledMmArgs& args, const Err& err);
 size_t sm89_fp8_workspace(const ScaledMmArgs& args);
 int sm89_fp8_config_count();
 const char* sm89_fp8_config_name(int config);
+// Block-scaled e4m3 on sm_89 (mma.sync, hand-written; the same scale layouts as the sm90 family).
+int sm89_fp8_block_scaled_mm(const ScaledMmArgs& args, const Err& err);
+size_t sm89_fp8_block_workspace(const ScaledMmArgs& args);
+int sm89_fp8_block_config_count();
+const char* sm89_fp8_block_config_name(int config);
 
 int sm80_int8_scaled_mm(const ScaledMmArgs& args, const Err& err);
 size_t sm80_int8_workspace(const ScaledMmArgs& args);

@@ -43,6 +43,9 @@ bool built(int a_dtype, int variant, bool block = false, bool precise = false) {
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
     if (variant == QB_VARIANT_SM90 && a_dtype == QB_E4M3) return true;
 #endif
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_89
+    if (variant == QB_VARIANT_SM89 && a_dtype == QB_E4M3) return true;
+#endif
   } else if (is_w8a16(a_dtype)) {
 #ifdef QB_HAS_SCALED_MM_W8A16_90
     if (variant == QB_VARIANT_SM90) return true;
@@ -85,7 +88,7 @@ int resolve_variant(int a_dtype, bool block, bool precise, int variant, int cc, 
     static const int kFp8Order[] = {QB_VARIANT_SM90, QB_VARIANT_SM89};
     static const int kInt8Order[] = {QB_VARIANT_SM90, QB_VARIANT_SM80, QB_VARIANT_SM75};
     static const int kSm90Only[] = {QB_VARIANT_SM90};
-    const bool sm90_only = block || precise || is_w8a16(a_dtype);
+    const bool sm90_only = precise || is_w8a16(a_dtype);
     const int* order = sm90_only ? kSm90Only : a_dtype == QB_E4M3 ? kFp8Order : kInt8Order;
     const int count = sm90_only ? 1 : a_dtype == QB_E4M3 ? 2 : 3;
     for (int i = 0; i < count; ++i) {
@@ -96,8 +99,8 @@ int resolve_variant(int a_dtype, bool block, bool precise, int variant, int cc, 
     }
     return err.set(QB_ERR_UNSUPPORTED,
                    "qb_scaled_mm: no %s kernel in this library runs on compute capability %d.%d "
-                   "(fp8 needs 8.9+ with the sm89/sm90 families built, int8 7.5+ with sm75/sm80/sm90, "
-                   "w8a16, block-scaled and precise-accumulation fp8 9.0 with sm90)",
+                   "(fp8 and block-scaled fp8 need 8.9+ with the sm89/sm90 families built, int8 7.5+ with "
+                   "sm75/sm80/sm90, w8a16 and precise-accumulation fp8 9.0 with sm90)",
                    what, cc / 10, cc % 10);
   }
   if (variant != QB_VARIANT_SM90 && variant != QB_VARIANT_SM89 && variant != QB_VARIANT_SM80 &&
@@ -124,7 +127,11 @@ size_t family_workspace(int variant, const qb::ScaledMmArgs& a) {
       return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_workspace(a) : qb::sm90_fp8_workspace(a);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
-    case QB_VARIANT_SM89: return qb::sm89_fp8_workspace(a);
+    case QB_VARIANT_SM89:
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_89
+      if (a.block_scaled) return qb::sm89_fp8_block_workspace(a);
+#endif
+      return qb::sm89_fp8_workspace(a);
 #endif
 #ifdef QB_HAS_SCALED_MM_INT8_80
     case QB_VARIANT_SM80: return qb::sm80_int8_workspace(a);
@@ -147,7 +154,11 @@ int family_run(int variant, const qb::ScaledMmArgs& a, const qb::Err& err) {
       return is_w8a16(a.a_dtype) ? qb::sm90_w8a16_scaled_mm(a, err) : qb::sm90_fp8_scaled_mm(a, err);
 #endif
 #ifdef QB_HAS_SCALED_MM_FP8_89
-    case QB_VARIANT_SM89: return qb::sm89_fp8_scaled_mm(a, err);
+    case QB_VARIANT_SM89:
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_89
+      if (a.block_scaled) return qb::sm89_fp8_block_scaled_mm(a, err);
+#endif
+      return qb::sm89_fp8_scaled_mm(a, err);
 #endif
 #ifdef QB_HAS_SCALED_MM_INT8_80
     case QB_VARIANT_SM80: return qb::sm80_int8_scaled_mm(a, err);
@@ -350,6 +361,9 @@ extern "C" int qb_scaled_mm_block_config_count(int variant) {
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
   if (variant == QB_VARIANT_SM90) return qb::sm90_fp8_block_config_count();
 #endif
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_89
+  if (variant == QB_VARIANT_SM89) return qb::sm89_fp8_block_config_count();
+#endif
   (void)variant;
   return 0;
 }
@@ -357,6 +371,9 @@ extern "C" int qb_scaled_mm_block_config_count(int variant) {
 extern "C" const char* qb_scaled_mm_block_config_name(int variant, int config) {
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_90
   if (variant == QB_VARIANT_SM90) return qb::sm90_fp8_block_config_name(config);
+#endif
+#ifdef QB_HAS_SCALED_MM_FP8_BLOCK_89
+  if (variant == QB_VARIANT_SM89) return qb::sm89_fp8_block_config_name(config);
 #endif
   (void)variant;
   (void)config;

@@ -6,15 +6,20 @@
 
 #include "fp8_sm90_configs.h"  // RunOpts, Decomp
 
-// X(id, name, swap, tile_m, tile_n, cluster_m, cluster_n)
+// X(id, name, swap, tile_m, tile_n, cluster_m, cluster_n, overlap)
 //   Every config is cooperative (two consumer warpgroups) with the stream-K capable scheduler and a
 //   128-deep K step, one scale block per step. swap computes out^T = W . A^T: tile_m then covers
 //   the channels (a whole 128-row weight block, one scale per step) and tile_n the tokens.
-#define QB_SM90_FP8_BLOCK_CONFIGS(X)                                      \
-  X(kBlock128x128, "block_128x128x128_c1x2", false, 128, 128, 1, 2)      \
-  X(kBlockSwap128x16, "block_swap_128x16x128", true, 128, 16, 1, 1)      \
-  X(kBlockSwap128x32, "block_swap_128x32x128", true, 128, 32, 1, 1)      \
-  X(kBlockSwap128x64, "block_swap_128x64x128", true, 128, 64, 1, 1)
+//   overlap: the consumer loop of block_scaled_overlap_mainloop.cuh (the promotion of one K block
+//   runs under the next block's WGMMAs) instead of CUTLASS's (promotion after each block's wait).
+#define QB_SM90_FP8_BLOCK_CONFIGS(X)                                                      \
+  X(kBlock128x128, "block_128x128x128_c1x2", false, 128, 128, 1, 2, false)               \
+  X(kBlockSwap128x16, "block_swap_128x16x128", true, 128, 16, 1, 1, false)               \
+  X(kBlockSwap128x32, "block_swap_128x32x128", true, 128, 32, 1, 1, false)               \
+  X(kBlockSwap128x64, "block_swap_128x64x128", true, 128, 64, 1, 1, false)               \
+  X(kBlockOverlap128x128, "block_overlap_128x128x128_c1x2", false, 128, 128, 1, 2, true) \
+  X(kBlockOverlapSwap128x32, "block_overlap_swap_128x32x128", true, 128, 32, 1, 1, true) \
+  X(kBlockOverlapSwap128x64, "block_overlap_swap_128x64x128", true, 128, 64, 1, 1, true)
 
 namespace qb::sm90 {
 
@@ -28,7 +33,7 @@ struct BlockConfigInfo {
 enum BlockConfigId : int { QB_SM90_FP8_BLOCK_CONFIGS(QB_BLOCK_ENUM) kNumBlockConfigs };
 #undef QB_BLOCK_ENUM
 
-#define QB_BLOCK_INFO(id, name, swap, tm, tn, cm, cn) {name, swap, tm, tn},
+#define QB_BLOCK_INFO(id, name, swap, tm, tn, cm, cn, overlap) {name, swap, tm, tn},
 constexpr BlockConfigInfo kBlockConfigs[kNumBlockConfigs] = {QB_SM90_FP8_BLOCK_CONFIGS(QB_BLOCK_INFO)};
 #undef QB_BLOCK_INFO
 

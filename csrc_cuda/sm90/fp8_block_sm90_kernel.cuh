@@ -29,6 +29,7 @@
 #include <cutlass/gemm/kernel/tile_scheduler_params.h>
 #include <cutlass/util/packed_stride.hpp>
 
+#include "block_scaled_overlap_mainloop.cuh"
 #include "fp8_block_sm90_configs.h"
 #include "cutlass_launch.cuh"  // EarlyTriggerKernel, launch_gemm, set_schedule
 
@@ -36,7 +37,7 @@ namespace qb::sm90 {
 
 using namespace cute;
 
-template <class OutT_, class TileShape_, class ClusterShape_, bool kSwap_>
+template <class OutT_, class TileShape_, class ClusterShape_, bool kSwap_, bool kOverlap>
 struct Fp8BlockGemm {
   using OutT = OutT_;
   using TileShape = TileShape_;
@@ -71,11 +72,12 @@ struct Fp8BlockGemm {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, OutT, LayoutD, kAlignD,
       cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
 
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4M3, cute::tuple<LayoutA, LayoutSFA>, kAlignAB, E4M3,
       cute::tuple<LayoutB, LayoutSFB>, kAlignAB, float, TileShape, ClusterShape_,
       cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+  using Mainloop = std::conditional_t<kOverlap, OverlapBlockScaledMainloop<CutlassMainloop>, CutlassMainloop>;
 
   using Kernel = EarlyTriggerKernel<cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop,
                                                                          Epilogue, cutlass::gemm::StreamKScheduler>>;
@@ -143,11 +145,12 @@ struct Fp8BlockGemm {
 
 template <int Id, int OutTag>
 struct BlockConfigType;
-#define QB_BLOCK_TYPE(id, name, swap, tm, tn, cm, cn)                                                  \
+#define QB_BLOCK_TYPE(id, name, swap, tm, tn, cm, cn, overlap)                                         \
   template <int OutTag>                                                                             \
   struct BlockConfigType<id, OutTag> {                                                              \
     using OutT = std::conditional_t<OutTag == 0, cutlass::bfloat16_t, cutlass::half_t>;            \
-    using type = Fp8BlockGemm<OutT, Shape<Int<tm>, Int<tn>, _128>, Shape<Int<cm>, Int<cn>, _1>, swap>; \
+    using type =                                                                                    \
+        Fp8BlockGemm<OutT, Shape<Int<tm>, Int<tn>, _128>, Shape<Int<cm>, Int<cn>, _1>, swap, overlap>;  \
   };
 QB_SM90_FP8_BLOCK_CONFIGS(QB_BLOCK_TYPE)
 #undef QB_BLOCK_TYPE

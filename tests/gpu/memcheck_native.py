@@ -1,10 +1,11 @@
 """A short workload for `compute-sanitizer --tool memcheck` over libqbackend_cuda's kernels.
 
-    compute-sanitizer --tool memcheck python tests/gpu/memcheck_native.py [scaled_mm] [quantize] [marlin]
+    compute-sanitizer --tool memcheck python tests/gpu/memcheck_native.py [scaled_mm] [block] [quantize] [marlin]
 
 Runs every built scaled_mm family (partial tiles in M, N and K, sliced A, bias, split-K; the SM90
 small-M kernel forced at two cluster splits, the wave-fit tiles and the swapped 96-token and paired
-64-token tiles forced), every quantize mode
+64-token tiles forced), every block-scaled FP8 config of each family this GPU runs (partial token
+tiles, N blocks and K blocks; data-parallel and, on sm_90a, stream-K), every quantize mode
 (vector and scalar paths, sliced rows) and both marlin families (every m16-tile count, partial
 tiles, split-K with several contributors per column, column-aligned block runs, sliced A) once;
 prints "memcheck workload done".
@@ -21,7 +22,7 @@ from qbackend_providers import native
 
 F8 = torch.float8_e4m3fn
 dev = "cuda"
-parts = sys.argv[1:] or ["scaled_mm", "quantize", "marlin"]
+parts = sys.argv[1:] or ["scaled_mm", "block", "quantize", "marlin"]
 
 
 def _scaled_mm_calls(dtype, v, shapes):
@@ -70,6 +71,28 @@ def scaled_mm_part():
             native.override()
 
 
+def block_part():
+    cc = torch.cuda.get_device_capability()
+    for v, runs in ((90, cc == (9, 0)), (89, cc >= (8, 9))):
+        if not runs or not native.has_variant("scaled_mm_fp8_block", v):
+            continue
+        for config in range(len(native.block_config_names(v))):
+            for decomp in ((0, 2) if v == 90 else (0,)):
+                native.override(config, decomp, -1, -1)
+                try:
+                    for M, N, K in ((3, 520, 1040), (77, 2064, 272), (200, 136, 4112)):
+                        a = (torch.randn(M, K + 32, device=dev) * 2).to(F8)[:, 16:16 + K]
+                        w = (torch.randn(N, K, device=dev) * 2).to(F8)
+                        sa = torch.rand(M, -(-K // 128), device=dev) + 0.5
+                        sb = torch.rand(-(-K // 128), -(-N // 128), device=dev) + 0.5
+                        out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+                        bias = torch.randn(N, device=dev, dtype=torch.bfloat16)
+                        native.scaled_mm(a, w.t(), sa, sb, bias, out, variant=v, block=True)
+                        torch.cuda.synchronize()
+                finally:
+                    native.override()
+
+
 def quantize_part():
     for xdtype in (torch.bfloat16, torch.float16, torch.float32):
         for qdtype in (F8, torch.float8_e5m2, torch.int8):
@@ -108,7 +131,8 @@ def marlin_part():
                 mn.mm(a, packed, scale_view, bias, out, N, K, variant=v, max_blocks=7)
 
 
-for name, part in (("scaled_mm", scaled_mm_part), ("quantize", quantize_part), ("marlin", marlin_part)):
+for name, part in (("scaled_mm", scaled_mm_part), ("block", block_part), ("quantize", quantize_part),
+                   ("marlin", marlin_part)):
     if name in parts:
         part()
 torch.cuda.synchronize()

@@ -1,5 +1,6 @@
-"""The sm_90a block-scaled FP8 kernels (1 x 128 activation groups, 128 x 128 weight blocks): every
-config and decomposition through the C ABI, odd shapes (partial last K group and N block), strided
+"""The block-scaled FP8 kernels (1 x 128 activation groups, 128 x 128 weight blocks), the sm_90a
+family and the sm_89 one (its compute_89 PTX on newer GPUs): every config (and, on sm_90a, every
+decomposition) through the C ABI, odd shapes (partial last K group and N block), strided
 activations, bias, both output dtypes, CUDA graphs and the argument checks; then the public API,
 which must choose them on sm_90 and route the scale shapes they do not take elsewhere. Outputs are
 poisoned with NaN before each call and compared with a float64 product of the dequantized operands."""
@@ -17,8 +18,12 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 if native.load() is None:
     pytest.skip(f"native library unavailable: {native.load_error()}", allow_module_level=True)
-if not native.has_variant("scaled_mm_fp8_block", 90) or torch.cuda.get_device_capability() != (9, 0):
-    pytest.skip("the block-scaled kernels need an sm_90 device and the sm90 family", allow_module_level=True)
+CC = torch.cuda.get_device_capability()
+# Each family this library has that this GPU runs: sm_90a machine code on 9.0 only, sm_89 from 8.9.
+VARIANTS = [v for v, runs in ((90, CC == (9, 0)), (89, CC >= (8, 9)))
+            if runs and native.has_variant("scaled_mm_fp8_block", v)]
+if not VARIANTS:
+    pytest.skip("no block-scaled family built for this GPU (sm90 on 9.0, sm89 on 8.9+)", allow_module_level=True)
 
 DEV = "cuda"
 F8 = torch.float8_e4m3fn
@@ -52,14 +57,14 @@ def reference(a, w, sa, sb, bias):
     return y if bias is None else y + bias.double()
 
 
-def run(a, w, sa, sb, bias, out_dtype, config=-1, decomposition=-1, splits=-1):
+def run(a, w, sa, sb, bias, out_dtype, config=-1, decomposition=-1, splits=-1, variant=VARIANTS[0]):
     M, N, K = a.shape[0], w.shape[0], a.shape[1]
     out = torch.full((M, N), float("nan"), dtype=out_dtype, device=DEV)
     native.override(config, decomposition, splits)
     try:
-        need = native.block_workspace_size(M, N, K, out_dtype, 90)
+        need = native.block_workspace_size(M, N, K, out_dtype, variant)
         work = torch.empty(max(need, 1), dtype=torch.uint8, device=DEV)
-        native.scaled_mm(a, w.t(), sa, sb, bias, out, native.VARIANT_SM90, work, block=True)
+        native.scaled_mm(a, w.t(), sa, sb, bias, out, variant, work, block=True)
     finally:
         native.override()
     return out
@@ -70,38 +75,45 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-CONFIGS = native.block_config_names(90)
+CONFIGS = {v: native.block_config_names(v) for v in VARIANTS}
+CONFIG_CASES = [(v, c) for v in VARIANTS for c in range(len(CONFIGS[v]))]
 
 
 def test_configs_listed():
-    assert CONFIGS and all(c.startswith("block_") for c in CONFIGS)
+    prefix = {90: "block_", 89: "sm89_block_"}
+    for v in VARIANTS:
+        assert CONFIGS[v] and all(c.startswith(prefix[v]) for c in CONFIGS[v])
     assert "scaled_mm_fp8_block" in native.build_info()["variants"]
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=[f"sm{v}" for v in VARIANTS])
 @pytest.mark.parametrize("out_dtype", OUTS, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("M,N,K", SHAPES)
-def test_automatic_choice(M, N, K, out_dtype):
+def test_automatic_choice(M, N, K, out_dtype, variant):
     g = torch.Generator(device=DEV).manual_seed(M * 7 + N + K)
     a, w, sa, sb, bias = operands(M, N, K, g, bias=out_dtype if M % 2 else None)
-    out = run(a, w, sa, sb, bias, out_dtype)
+    out = run(a, w, sa, sb, bias, out_dtype, variant=variant)
     assert not out.isnan().any()
     assert rel_err(out, reference(a, w, sa, sb, bias)) < TOL[out_dtype]
 
 
 @pytest.mark.parametrize("out_dtype", OUTS, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("config", range(len(CONFIGS)), ids=CONFIGS)
-def test_every_config_and_decomposition(config, out_dtype):
+@pytest.mark.parametrize("variant,config", CONFIG_CASES, ids=[CONFIGS[v][c] for v, c in CONFIG_CASES])
+def test_every_config_and_decomposition(variant, config, out_dtype):
     g = torch.Generator(device=DEV).manual_seed(config)
+    # The sm_89 kernels are data-parallel only: they ignore a decomposition.
+    decompositions = [(0, -1), (1, 3), (2, -1), (3, -1)] if variant == 90 else [(0, -1)]
     for M, N, K in [(3, 520, 8192), (77, 2064, 1040), (300, 136, 16), (129, 4096, 7168 + 64)]:
         a, w, sa, sb, bias = operands(M, N, K, g, bias=out_dtype if M != 77 else None)
         ref = reference(a, w, sa, sb, bias)
-        for decomposition, splits in [(0, -1), (1, 3), (2, -1), (3, -1)]:
-            out = run(a, w, sa, sb, bias, out_dtype, config, decomposition, splits)
-            what = (CONFIGS[config], decomposition, splits, M, N, K)
+        for decomposition, splits in decompositions:
+            out = run(a, w, sa, sb, bias, out_dtype, config, decomposition, splits, variant)
+            what = (CONFIGS[variant][config], decomposition, splits, M, N, K)
             assert not out.isnan().any(), what
             assert rel_err(out, ref) < TOL[out_dtype], what
 
 
+@pytest.mark.skipif(90 not in VARIANTS, reason="stream-K is the sm_90a family's")
 def test_stream_k_is_deterministic():
     g = torch.Generator(device=DEV).manual_seed(1)
     a, w, sa, sb, bias = operands(9, 4096, 14336, g, bias=torch.bfloat16)
@@ -111,25 +123,27 @@ def test_stream_k_is_deterministic():
         assert torch.equal(run(a, w, sa, sb, bias, torch.bfloat16, 1, 2), first)
 
 
-def test_block_scales_are_not_folded_into_one():
+@pytest.mark.parametrize("variant", VARIANTS, ids=[f"sm{v}" for v in VARIANTS])
+def test_block_scales_are_not_folded_into_one(variant):
     """Scales that differ by orders of magnitude between K blocks: a kernel that applied one
     scale per tile, or the scales after the whole K sum, would be far off."""
     g = torch.Generator(device=DEV).manual_seed(2)
     a, w, sa, sb, _ = operands(33, 384, 1024, g)
     sa *= torch.logspace(-3, 3, sa.shape[1], device=DEV)
     sb *= torch.logspace(2, -2, sb.shape[0], device=DEV).reshape(-1, 1)
-    out = run(a, w, sa, sb, None, torch.float16)
+    out = run(a, w, sa, sb, None, torch.float16, variant=variant)
     assert rel_err(out, reference(a, w, sa, sb, None)) < TOL[torch.float16]
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=[f"sm{v}" for v in VARIANTS])
 @pytest.mark.parametrize("M", [1, 48, 512])
-def test_cuda_graph_replay(M):
+def test_cuda_graph_replay(M, variant):
     g = torch.Generator(device=DEV).manual_seed(M)
     a, w, sa, sb, bias = operands(M, 2048, 4096, g, bias=torch.bfloat16)
     out = torch.empty(M, 2048, dtype=torch.bfloat16, device=DEV)
-    work = torch.empty(max(native.block_workspace_size(M, 2048, 4096, torch.bfloat16), 1), dtype=torch.uint8,
-                       device=DEV)
-    step = lambda: native.scaled_mm(a, w.t(), sa, sb, bias, out, native.VARIANT_SM90, work, block=True)  # noqa: E731
+    work = torch.empty(max(native.block_workspace_size(M, 2048, 4096, torch.bfloat16, variant), 1),
+                       dtype=torch.uint8, device=DEV)
+    step = lambda: native.scaled_mm(a, w.t(), sa, sb, bias, out, variant, work, block=True)  # noqa: E731
     step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
