@@ -20,6 +20,12 @@ def gpu(session):
 
 
 @nox.session
+def rocm(session):
+    """Only the ROCm tests (tests/rocm), on a machine with an AMD GPU and a ROCm build of torch."""
+    session.run("python", "-m", "pytest", "-q", "-m", "rocm", "tests/rocm", *session.posargs)
+
+
+@nox.session
 def lint(session):
     session.run("python", "-m", "pip", "install", "-q", "ruff")
     session.run("ruff", "check", "qbackend", "providers", "tests", "bench", "tools")

@@ -96,6 +96,8 @@ def _print_info(r: dict) -> None:
         built = f"  [counts as built for {lib['counts_as_built_for']}]" if lib.get("counts_as_built_for") else ""
         found_in = f" (from {lib['found_in']})" if lib.get("loaded") and lib.get("found_in") else ""
         print(f"  {lib['name']}: {state}{found_in}; path {lib.get('path') or '-'}; archs {archs}{extra}{built}")
+        for line in lib.get("details") or ():
+            print(f"    {line}")
         if lib.get("hint"):
             print(f"    to build it: {lib['hint']}")
         if lib.get("build_log"):
@@ -142,9 +144,32 @@ def _cmd_explain(args) -> int:
     return 0
 
 
+def _cmd_build_rocm(args) -> int:
+    from qbackend_providers import rocm_build
+
+    try:
+        requested = args.archs or os.environ.get("QBACKEND_ROCM_ARCHS")
+        if requested:
+            archs = rocm_build.parse_archs(requested)
+        else:
+            compiler = rocm_build.hipcc()
+            archs = [a for a in rocm_build.ALL_ARCHS if compiler and rocm_build.compiler_knows(compiler, a)]
+            if compiler and not archs:
+                raise rocm_build.BuildError(f"{compiler} knows none of {', '.join(rocm_build.ALL_ARCHS)}: "
+                                            "MI300 (gfx942) is supported from ROCm 6.0, MI350 (gfx950) from ROCm 7.0")
+        path = rocm_build.build(archs, build_dir=args.build_dir, dest=args.dest)
+    except rocm_build.BuildError as exc:
+        print(f"qbackend build: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"qbackend build: {path} is ready; `qbackend info` shows what loads it")
+    return 0
+
+
 def _cmd_build(args) -> int:
     from qbackend_providers import cuda_build
 
+    if args.rocm:
+        return _cmd_build_rocm(args)
     try:
         requested = args.archs or os.environ.get("QBACKEND_CUDA_ARCHS")
         if requested:
@@ -168,20 +193,23 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="detected hardware, native libraries, providers, selection")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.add_argument("--simulate", metavar="ARCH", help="report for a simulated device "
-                      "(sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, gfx942, gfx950, cpu)")
+                      "(sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, gfx942, gfx950, cpu; an AMD arch may "
+                      "name its ROCm release: gfx942:rocm6.2)")
     info.set_defaults(func=_cmd_info)
     explain = sub.add_parser("explain", help="every provider's verdict for problem kinds")
     explain.add_argument("kinds", nargs="*", help="problem kinds (default: all)")
     explain.add_argument("--simulate", metavar="ARCH")
     explain.set_defaults(func=_cmd_explain)
     build = sub.add_parser("build", help="compile the native CUDA library (incremental; needs nvcc, CMake, Ninja "
-                           "and the `cuda` extra's nvidia-cutlass)")
+                           "and the `cuda` extra's nvidia-cutlass), or with --rocm the ROCm one (needs hipcc)")
+    build.add_argument("--rocm", action="store_true", help="build libqbackend_rocm (csrc_rocm) with hipcc instead")
     build.add_argument("--archs", help="'all', 'native' or a list of 75;80;89;90a (default: $QBACKEND_CUDA_ARCHS, "
-                       "else the families of the visible GPU)")
+                       "else the families of the visible GPU); with --rocm 'all' or a list of gfx942;gfx950 "
+                       "(default: $QBACKEND_ROCM_ARCHS, else those hipcc knows)")
     build.add_argument("--jobs", type=int,
                        help="parallel compile jobs (default: $QBACKEND_BUILD_JOBS, else the CPU count)")
-    build.add_argument("--build-dir", help="CMake build directory (default: build/cuda in a checkout, "
-                       "else ~/.cache/qbackend/build)")
+    build.add_argument("--build-dir", help="build directory (default: build/cuda or build/rocm in a checkout, "
+                       "else ~/.cache/qbackend/build or build-rocm)")
     build.add_argument("--dest", help="where the library goes (default: the package when writable, "
                        "else ~/.cache/qbackend/lib; both are searched by the loader)")
     build.set_defaults(func=_cmd_build)

@@ -54,8 +54,9 @@ def fast_path_hints(verdicts) -> list:
                 or "library built without" in reason:
             hints.append(f"{name}: build the native library for this GPU (`qbackend build`, after "
                          "pip install 'qbackend[cuda]') or set QBACKEND_CUDA_LIB")
-        elif "bindings are not installed" in reason:
-            hints.append(f"{name}: pip install 'qbackend[rocm]' (hip-python)")
+        elif "hipBLASLt not loaded" in reason:
+            hints.append(f"{name}: install ROCm's hipBLASLt (libhipblaslt.so), or point QBACKEND_HIPBLASLT_LIB "
+                         "or ROCM_PATH at it")
     return hints
 
 

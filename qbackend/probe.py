@@ -5,8 +5,9 @@ queries: no context either), then torch (which may initialize CUDA: last resort)
 then hip-python, then torch. The first probe that answers fills the record and is named in it.
 
 QBACKEND_SIMULATE=<arch> (or `qbackend info --simulate <arch>`) makes the default device a
-simulated one, e.g. sm_89 or gfx942, to ask "what would run there" without the hardware. It changes
-reports and explicit selection queries only; calls on real tensors always use the tensor's device.
+simulated one, e.g. sm_89 or gfx942 (gfx942:rocm6.2 for a given ROCm release), to ask "what would
+run there" without the hardware. It changes reports and explicit selection queries only; calls on
+real tensors always use the tensor's device.
 """
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ class DeviceInfo:
 
     @property
     def key(self) -> tuple:
-        return (self.backend, self.index, self.arch, self.simulated)
+        # A simulated AMD device's ROCm release changes what its providers answer.
+        return (self.backend, self.index, self.arch, self.simulated,
+                self.runtime_version if self.simulated else None)
 
     @property
     def sm(self) -> int | None:
@@ -98,10 +101,23 @@ KNOWN_ARCHS = tuple(_SIMULATED) + ("cpu",)
 _NEWEST_NVIDIA = max(int(a[3:]) for a in _SIMULATED if a.startswith("sm_"))
 
 
+_ROCM_RELEASE = re.compile(r":rocm(\d+\.\d+(?:\.\d+)?)", re.IGNORECASE)
+
+
 def simulated(arch: str) -> DeviceInfo:
     """A simulated device of an arch qbackend knows (KNOWN_ARCHS), or of an NVIDIA arch newer than
-    all of them (answered by the rules' compute-capability ranges, with a note that says so)."""
-    arch = normalize_arch(arch)
+    all of them (answered by the rules' compute-capability ranges, with a note that says so).
+    An AMD arch may name the ROCm release to simulate, `gfx942:rocm6.2`: it becomes the record's
+    runtime_version (without one, providers answer for the newest release they know)."""
+    text, rocm = arch.strip(), None
+    if ":rocm" in text.lower():
+        m = _ROCM_RELEASE.search(text)
+        if m is None or m.end() != len(text):
+            raise ValueError(f"{arch!r}: a simulated ROCm release is written as a suffix like gfx942:rocm6.2")
+        text, rocm = text[:m.start()], m.group(1)
+    arch = normalize_arch(text)
+    if rocm is not None and not arch.startswith("gfx"):
+        raise ValueError(f"{arch!r}: only AMD archs (gfx...) take a ROCm release (:rocm{rocm})")
     if arch == "cpu":
         return replace(cpu_info(), simulated=True, probe="simulated")
     notes = ()
@@ -113,10 +129,12 @@ def simulated(arch: str) -> DeviceInfo:
         notes = (f"{arch} is newer than the archs qbackend knows: answered by the rules' compute-capability "
                  f"ranges, as an sm_{_NEWEST_NVIDIA}+ device",)
     name, sms, gib = _SIMULATED.get(arch, (f"{arch} (simulated)", None, None))
+    if rocm is not None:
+        name = f"{name[:-1]}, ROCm {rocm})"
     return DeviceInfo(backend="hip" if arch.startswith("gfx") else "cuda", index=0, name=name,
                       arch=arch, fp8_dtypes=native_fp8(arch), multiprocessors=sms,
-                      memory_bytes=gib * 2**30 if gib else None, probe="simulated", simulated=True,
-                      notes=notes)
+                      memory_bytes=gib * 2**30 if gib else None, runtime_version=rocm, probe="simulated",
+                      simulated=True, notes=notes)
 
 
 def cpu_info() -> DeviceInfo:

@@ -19,11 +19,11 @@ EXPECTED = {
     "sm_75": (T, T, M, C, T),
     "sm_80": (T, T, M, C, T),
     "sm_86": (T, T, M, C, T),
-    "sm_89": (C, C, M, C, T),
+    "sm_89": (C, C, M, C, C),
     "sm_90": (C, C, C, C, C),
-    "sm_100": (C, C, M, C, T),
-    "gfx942": (H, T, T, T, T),
-    "gfx950": (H, T, T, T, T),
+    "sm_100": (C, C, M, C, C),
+    "gfx942": (H, H, T, T, T),
+    "gfx950": (H, H, T, T, T),
     "cpu": (R, R, R, R, R),
 }
 
@@ -50,9 +50,9 @@ def test_specific_reasons(table):
     assert "sm_89+" in table["sm_80"]["fp8_w8a8_per_tensor"][1]["cutlass"]
     assert "fp8 tensor cores" in table["sm_86"]["fp8_w8a8_per_token_channel"][1]["cutlass"]
     assert "runs on cuda" in table["gfx942"]["fp8_w8a16"][1]["marlin"]
-    assert "scale_a granularity token" in table["gfx942"]["fp8_w8a8_per_token_channel"][1]["hipblaslt"]
-    # Block-scaled FP8 is native on sm_90 only (its kernels are sm_90a machine code).
-    assert "sm_90 only" in table["sm_100"]["fp8_block"][1]["cutlass"]
+    assert "scale_a granularity group not supported" in table["gfx942"]["fp8_block"][1]["hipblaslt"]
+    # Block-scaled FP8 is native from sm_89 (the sm_89 family's PTX runs on newer GPUs), not before.
+    assert "sm_89+" in table["sm_86"]["fp8_block"][1]["cutlass"]
     # The torch provider is tried after every native one: where they serve, its verdict is ok too.
     assert "torch" not in table["sm_90"]["fp8_w8a16"][1]
     # On the CPU it runs only when forced.
@@ -61,10 +61,11 @@ def test_specific_reasons(table):
 
 def test_torch_provider_names_its_path():
     """`explain` says which of torch's ops serves each kind on AMD (simulated), where the torch
-    provider is the fast path for everything hipBLASLt's per-tensor rule does not take."""
+    provider is the fast path for everything hipBLASLt does not take (on ROCm 6.2, per-token x
+    per-channel scales; on gfx950 before ROCm 7.0, everything)."""
     from qbackend import explain, probe
 
-    for arch in ("gfx942", "gfx950"):
+    for arch in ("gfx942:rocm6.2", "gfx950:rocm6.4"):
         device = probe.simulated(arch)
         assert "-> torch: ok: torch._scaled_mm with per-row and per-column scales" in \
             explain("fp8_w8a8_per_token_channel", device)
