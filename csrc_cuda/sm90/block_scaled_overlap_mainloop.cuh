@@ -24,6 +24,13 @@
 
 namespace qb::sm90 {
 
+// `first` when kFirst, else `second` (two tensors of different types).
+template <bool kFirst, class A, class B>
+CUTLASS_DEVICE auto& pick(A& first, B& second) {
+  if constexpr (kFirst) return first;
+  else return second;
+}
+
 template <class Base>
 struct OverlapBlockScaledMainloop : Base {
   using typename Base::MainloopPipeline;
@@ -75,8 +82,8 @@ struct OverlapBlockScaledMainloop : Base {
 
     // Per-stage scale registers: the per-row (or per-column) operand's scales, premultiplied by the
     // other operand's single block scale. Two sets, one per partial-sum fragment.
-    auto& tCsScale = [&]() -> auto& { if constexpr (kRowScales) return tCsSFA; else return tCsSFB; }();
-    auto& tCsBlock = [&]() -> auto& { if constexpr (kRowScales) return tCsSFB; else return tCsSFA; }();
+    auto& tCsScale = pick<kRowScales>(tCsSFA, tCsSFB);
+    auto& tCsBlock = pick<kRowScales>(tCsSFB, tCsSFA);
     Tensor scale0 = make_tensor_like<ElementScale>(tCsScale(_, _, _, _0{}));
     Tensor scale1 = make_tensor_like<ElementScale>(tCsScale(_, _, _, _0{}));
     Tensor partial0 = make_fragment_like(accum);

@@ -13,13 +13,10 @@
 //   overlap: the consumer loop of block_scaled_overlap_mainloop.cuh (the promotion of one K block
 //   runs under the next block's WGMMAs) instead of CUTLASS's (promotion after each block's wait).
 #define QB_SM90_FP8_BLOCK_CONFIGS(X)                                                      \
-  X(kBlock128x128, "block_128x128x128_c1x2", false, 128, 128, 1, 2, false)               \
   X(kBlockSwap128x16, "block_swap_128x16x128", true, 128, 16, 1, 1, false)               \
   X(kBlockSwap128x32, "block_swap_128x32x128", true, 128, 32, 1, 1, false)               \
   X(kBlockSwap128x64, "block_swap_128x64x128", true, 128, 64, 1, 1, false)               \
-  X(kBlockOverlap128x128, "block_overlap_128x128x128_c1x2", false, 128, 128, 1, 2, true) \
-  X(kBlockOverlapSwap128x32, "block_overlap_swap_128x32x128", true, 128, 32, 1, 1, true) \
-  X(kBlockOverlapSwap128x64, "block_overlap_swap_128x64x128", true, 128, 64, 1, 1, true)
+  X(kBlockOverlap128x128, "block_overlap_128x128x128_c1x2", false, 128, 128, 1, 2, true)
 
 namespace qb::sm90 {
 

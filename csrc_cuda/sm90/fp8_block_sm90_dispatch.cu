@@ -20,19 +20,25 @@ struct Plan {
   RunOpts opts;
 };
 
-// From the sweep on an H100 (bench/results/fp8_block_sm90_h100.log, 4096 x 4096 and 28672 x 4096,
-// M = 1 to 4096): up to 64 tokens the swapped configs, whose token side covers M so each weight tile
-// is read once: 16-token tiles up to 16 tokens, 32-token tiles up to 64 where the extra token tile
-// still fits in one wave (4096 x 4096: 9.6 us at M = 64 against 12.3 with 64-token tiles), else
-// 64-token tiles; above 64 tokens 128 x 128 tiles in clusters of two. Always data-parallel: stream-K
-// was slower at every point but one (x0.67 to x0.99 of data-parallel; x1.03 at 28672 x 4096, M = 4096),
-// its fp32 partial tiles costing more than the idle SMs it fills.
+// Up to 128 tokens the swapped configs, whose token side covers M so that each weight tile is read
+// once: 16-token tiles up to 16 tokens, 32-token tiles where the extra token tiles still fit the
+// GPU (up to 64 tokens: one wave; 65 to 128: half a wave of 64-token tiles or less, N = 2112), else
+// 64-token tiles. Above 128 tokens 128 x 128 tiles in clusters of two, with the consumer loop that
+// promotes one K block under the next block's WGMMAs. Always data-parallel.
+// Evidence (H100, bench/results/fp8_block_sm90_h100.log and fp8_block_overlap_h100.log): 32-token
+// tiles at M = 64 on 4096 x 4096, 9.6 against 12.3 us with 64-token ones; at M = 128 the swapped
+// tiles against 128 x 128: 14.3 against 23.1 us on 2112 x 7168 (32-token), 54.3 against 59.7 on
+// 7168 x 18432 (64-token); at M = 4096 the overlapped loop against CUTLASS's x1.06 (24576 x 7168),
+// x1.09 (7168 x 18432), x1.02 (8192^3). Stream-K: slower on the first sweep at all but one point,
+// faster on two of the four M = 4096 shapes of the second (x1.03, x1.04), slower on the others: not used.
 Plan auto_plan(const ScaledMmArgs& a) {
   const int sms = a.sm_count > 0 ? a.sm_count : 132;
-  Plan p{kBlock128x128, RunOpts{}};
+  const int64_t weight_tiles = cdiv(a.N, 128);
+  Plan p{kBlockOverlap128x128, RunOpts{}};
   if (a.M <= 16) p.config = kBlockSwap128x16;
   else if (a.M <= 32) p.config = kBlockSwap128x32;
-  else if (a.M <= 64) p.config = cdiv(a.N, 128) * cdiv(a.M, 32) <= sms ? kBlockSwap128x32 : kBlockSwap128x64;
+  else if (a.M <= 64) p.config = weight_tiles * cdiv(a.M, 32) <= sms ? kBlockSwap128x32 : kBlockSwap128x64;
+  else if (a.M <= 128) p.config = 2 * weight_tiles * cdiv(a.M, 64) <= sms ? kBlockSwap128x32 : kBlockSwap128x64;
   p.opts.decomp = Decomp::DataParallel;
   return p;
 }

@@ -1,7 +1,0 @@
-// One SM90 block-scaled FP8 config for f16 output per translation unit, so a parallel build spreads
-// the CUTLASS instantiations over cores.
-#include "fp8_block_sm90_kernel.cuh"
-
-namespace qb::sm90 {
-QB_SM90_BLOCK_INSTANTIATE(kBlockOverlapSwap128x32, 1)
-}  // namespace qb::sm90
