@@ -9,10 +9,12 @@ a user may pass instead, within the API's rules:
   stride in whole 16-byte units, the layouts the API accepts;
 - every scale shape the kernels take (and the 0-d, [1], [N] and [1, N] spellings of them), bias on
   and off, both half output dtypes;
-- the kernel families forced at random: sm_90a and sm_89 FP8, sm_90a, sm_80 and sm_75 INT8, marlin's
-  sm_80 and sm_75 paths (the older ones through their PTX on a newer GPU);
-- quantize + linear (W8A8) or linear (W8A16) captured in a CUDA graph and replayed on new
-  activations, and quantize + scaled_mm or linear through torch.compile(fullgraph=True);
+- the kernel families forced at random: sm_90a and sm_89 FP8, sm_90a, sm_80 and sm_75 INT8, sm_90a
+  and sm_89 block-scaled FP8, marlin's sm_80 and sm_75 paths (the older ones through their PTX on a
+  newer GPU);
+- quantize + linear (W8A8 per-token / per-tensor or block-scaled) or linear (W8A16) captured in a
+  CUDA graph and replayed on new activations, and quantize + scaled_mm or linear through
+  torch.compile(fullgraph=True), block-scaled included;
 - the torch provider forced on every kind it serves (fp8 and int8 W8A8, W8A16, block scales with
   partial blocks), eager, replayed from a graph or compiled, each case counted by the path it took.
 Outputs outside graphs are poisoned first; a GEMM must be NaN-free and within the stated tolerance
@@ -56,6 +58,7 @@ SERVED: collections.Counter = collections.Counter()
 # Kernel families to force, "" = the automatic choice.
 FP8_FAMILIES = [""] + (["90"] if SM == (9, 0) else []) + (["89"] if SM >= (8, 9) else [])
 INT8_FAMILIES = [""] + (["90"] if SM == (9, 0) else []) + (["80", "75"] if SM >= (8, 0) else ["75"])
+BLOCK_FAMILIES = [""] + (["90"] if SM == (9, 0) else []) + (["89"] if SM >= (8, 9) else [])
 MARLIN_FAMILIES = ["80", "75"] if SM >= (8, 0) else ["75"]
 # W8A16 kernels: marlin's families, and on sm_90 the cutlass provider's mixed-input ones.
 W8A16_FAMILIES = MARLIN_FAMILIES + (["cutlass"] if SM == (9, 0) else [])
@@ -170,6 +173,56 @@ def test_random_fp8_scaled_mm(monkeypatch, i):
     check_w8a8(monkeypatch, "fp8", i, F8, FP8_FAMILIES)
 
 
+def block_operands(r, g, M: int, N: int, K: int):
+    """A [M, K] activation quantized in 1 x 128 groups, as a window of a wider quantized tensor (so
+    with a row stride), its [M, ceil(K/128)] scales, and a [N, K] weight quantized in 128 x 128 blocks
+    with its [ceil(N/128), ceil(K/128)] scales, as a checkpoint holds them."""
+    (R, C), at = window(r, M, K, 1)
+    qx_all, sx_all = qbackend.quantize(torch.randn(R, C, device=DEV, generator=g), F8, "group")
+    first_group = at[1] // 128
+    if at[1] % 128:  # the window must start on a group boundary to keep its scales
+        at = (at[0], first_group * 128)
+    qx = cut(qx_all, at, M, K)
+    sx = sx_all[at[0]:at[0] + M, first_group:first_group + -(-K // 128)]
+    qw, sw = qbackend.quantize(torch.randn(N, K, device=DEV, generator=g), F8, "block")
+    return qx, sx, qw, sw
+
+
+# Block-scaled FP8 sums each 128-deep block exactly in fp32 and rounds once to the output (no fast
+# accumulation): the error is that rounding, 2^-8 (bf16) or 2^-11 (fp16) relative, of max|out| here.
+BLOCK_TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+@needs_sm((8, 9), "fp8 tensor cores")
+@pytest.mark.parametrize("i", CASES, ids=lambda i: f"block-{i}")
+def test_random_block_scaled_mm(monkeypatch, i):
+    """1 x 128 activation groups with 128 x 128 weight blocks on the cutlass kernels (a family forced
+    at random), through scaled_mm or a prepared weight and linear."""
+    r, g = case_random("block", i)
+    forced = r.choice(BLOCK_FAMILIES)
+    with_provider(monkeypatch, "cutlass", QBACKEND_CUTLASS_VARIANT=forced)
+    M, N, K = draw_mnk(r, 4096, 8)
+    qx, sx, qw, sw = block_operands(r, g, M, N, K)
+    lead = batch_split(r, M)
+    a, scale_a = qx.reshape(lead + (K,)), sx.reshape(lead + (sx.shape[-1],))
+    out_dtype = r.choice([torch.bfloat16, torch.float16])
+    bias = torch.randn(N, device=DEV, generator=g).to(out_dtype) if r.random() < 0.5 else None
+    prepared = r.random() < 0.3
+    what = dict(M=M, N=N, K=K, lead=lead, a_stride=tuple(a.stride()), out=out_dtype, bias=bias is not None,
+                family=forced or "auto", prepared=prepared,
+                provider=served_by("block", validate_scaled_mm(a, qw.t(), scale_a, sw.t(), out_dtype, bias, 128)))
+    poison()
+    if prepared:
+        pw = qbackend.prepare_weight(qw, sw, F8, "group", out_dtype, bias=bias is not None)
+        out = qbackend.linear(a, pw, scale_a, bias, out_dtype)
+    else:
+        out = qbackend.scaled_mm(a, qw.t(), scale_a, sw.t(), out_dtype=out_dtype, bias=bias)
+    ref = reference(qbackend.scaled_mm, a, qw.t(), scale_a, sw.t(), out_dtype=torch.float32,
+                    bias=None if bias is None else bias.float())
+    assert out.shape == lead + (N,) and out.dtype == out_dtype, what
+    assert rel_err(out, ref) < BLOCK_TOL[out_dtype], what
+
+
 @needs_sm((7, 5), "int8 tensor cores")
 @pytest.mark.parametrize("i", CASES, ids=lambda i: f"int8-{i}")
 def test_random_int8_scaled_mm(monkeypatch, i):
@@ -252,13 +305,14 @@ def test_random_graph_replay(monkeypatch, i):
     bit, and the reference within tolerance."""
     r, g = case_random("graph", i)
     w8a8 = SM >= (8, 9) and r.random() < 0.6
+    block = w8a8 and r.random() < 0.35  # 1 x 128 activation groups, 128 x 128 weight blocks
     M, N, K = draw_mnk(r, 512, 16 if w8a8 else 8)
     if w8a8:  # quantize's output has rows of K bytes, which scaled_mm takes only in 16-byte units
         K = -(-K // 16) * 16
     out_dtype = r.choice([torch.bfloat16, torch.float16])
     if w8a8:
         with_provider(monkeypatch, "cutlass")
-        dtype, act_gran = F8, r.choice(["token", "tensor"])
+        dtype, act_gran = F8, "group" if block else r.choice(["token", "tensor"])
     else:
         variant = r.choice(W8A16_FAMILIES)
         if variant == "cutlass":
@@ -267,8 +321,11 @@ def test_random_graph_replay(monkeypatch, i):
             with_provider(monkeypatch, "marlin", QBACKEND_MARLIN_VARIANT=variant)
         dtype, act_gran = out_dtype if variant != "75" else torch.float16, "tensor"
         out_dtype = dtype
-    qw, sw = quantized_weight(r, g, N, K, F8)
-    w_scale = sw if r.random() < 0.7 else sw.max()
+    if block:
+        qw, w_scale = qbackend.quantize(torch.randn(N, K, device=DEV, generator=g), F8, "block")
+    else:
+        qw, sw = quantized_weight(r, g, N, K, F8)
+        w_scale = sw if r.random() < 0.7 else sw.max()
     bias = torch.randn(N, device=DEV, generator=g).to(out_dtype) if r.random() < 0.5 else None
     pw = qbackend.prepare_weight(qw, w_scale, dtype, act_gran, out_dtype, bias=bias is not None)
     SERVED[("graph", pw.provider)] += 1
@@ -282,7 +339,7 @@ def test_random_graph_replay(monkeypatch, i):
         qx, sx = qbackend.quantize(x, dtype, act_gran)
         return qbackend.linear(qx, pw, sx, bias, out_dtype)
 
-    what = dict(M=M, N=N, K=K, w8a8=w8a8, act=act_gran, out=out_dtype, bias=bias is not None,
+    what = dict(M=M, N=N, K=K, w8a8=w8a8, block=block, act=act_gran, out=out_dtype, bias=bias is not None,
                 w_scale=tuple(w_scale.shape), provider=pw.provider, x_stride=tuple(x.stride()))
     graph, out = captured(step)
     for _ in range(2):
@@ -297,7 +354,10 @@ def test_random_graph_replay(monkeypatch, i):
         else:
             ref = reference(qbackend.scaled_mm, x, qw.t(), None, pw.scale, out_dtype=torch.float32,
                             bias=None if bias is None else bias.float())
-        tol = (1e-2 if K <= 8192 else 2e-2) if w8a8 else (1e-2 if dtype == torch.bfloat16 else 2e-3)
+        if block:
+            tol = BLOCK_TOL[out_dtype]
+        else:
+            tol = (1e-2 if K <= 8192 else 2e-2) if w8a8 else (1e-2 if dtype == torch.bfloat16 else 2e-3)
         assert rel_err(out, ref) < tol, what
 
 
@@ -315,13 +375,18 @@ def test_random_compiled(monkeypatch, i):
     lead = batch_split(r, M)
     (R, C), at = window(r, M, K, 2)
     x = cut(torch.randn(R, C, device=DEV, generator=g).to(torch.bfloat16), at, M, K).reshape(lead + (K,))
-    qw, sw = quantized_weight(r, g, N, K, F8)
-    act_gran, out_dtype = r.choice(["token", "tensor"]), r.choice([torch.bfloat16, torch.float16])
+    act_gran = r.choice(["token", "tensor", "group"])  # group: block-scaled (1 x 128, 128 x 128)
+    out_dtype = r.choice([torch.bfloat16, torch.float16])
     bias = torch.randn(N, device=DEV, generator=g).to(out_dtype) if r.random() < 0.5 else None
     prepared = r.random() < 0.5
-    scale_b = weight_scale(r, sw)
-    pw = qbackend.prepare_weight(qw, sw if scale_b.numel() > 1 else scale_b, F8, act_gran, out_dtype,
-                                 bias=bias is not None) if prepared else None
+    if act_gran == "group":
+        qw, sw = qbackend.quantize(torch.randn(N, K, device=DEV, generator=g), F8, "block")
+        scale_b, w_scale = sw.t(), sw
+    else:
+        qw, sw = quantized_weight(r, g, N, K, F8)
+        scale_b = weight_scale(r, sw)
+        w_scale = sw if scale_b.numel() > 1 else scale_b
+    pw = qbackend.prepare_weight(qw, w_scale, F8, act_gran, out_dtype, bias=bias is not None) if prepared else None
 
     def f(x):
         qx, sx = qbackend.quantize(x, F8, act_gran)
