@@ -13,6 +13,7 @@ import torch
 
 import qbackend
 from qbackend import dtypes as qd
+from qbackend import grouped
 from qbackend.problem import Granularity as G
 from qbackend.problem import Op
 from qbackend.provider import Provider, Rule, granularities
@@ -76,6 +77,24 @@ def reference_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, problem) -> tor
     if bias is not None:
         out = out + bias.float()
     return out.to(out_dtype)
+
+
+def reference_grouped_scaled_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias, problem) -> torch.Tensor:
+    """scaled_mm once per group, exactly as reference_scaled_mm. The row ranges are read on the host
+    (a device sync on a GPU): the oracle stays a plain loop; the other providers avoid the sync."""
+    ends = grouped.check_offsets(offsets, a.shape[0])
+    N = b.shape[2]
+    out = torch.empty((a.shape[0], N), dtype=out_dtype, device=a.device)
+    per_group = grouped.per_group_problem(problem)
+    start = 0
+    for g, end in enumerate(ends):
+        if end > start:
+            out[start:end] = reference_scaled_mm(
+                a[start:end], b[g], grouped.group_scale_a(scale_a, problem, start, end),
+                grouped.group_scale_b(scale_b, problem, g), out_dtype,
+                None if bias is None else bias[g], per_group)
+        start = end
+    return out
 
 
 def _amax(xf: torch.Tensor, granularity: str, group: int, block: tuple) -> torch.Tensor:
@@ -159,12 +178,17 @@ class ReferenceProvider(Provider):
                      granularities("tensor", "channel", "block"), frozenset(qd.OUT_DTYPES)),
                 Rule(Op.SCALED_MM, ANY_BACKEND, frozenset(W8A16_PAIRS), frozenset({G.NONE}),
                      granularities("tensor", "channel", "block"), frozenset(qd.OUT_DTYPES)),
+                Rule(Op.GROUPED_SCALED_MM, ANY_BACKEND, frozenset(W8A8_PAIRS), every_a - {G.NONE},
+                     granularities("tensor", "channel", "block"), frozenset(qd.OUT_DTYPES)),
                 Rule(Op.QUANTIZE, ANY_BACKEND, frozenset(_QUANT),
                      granularities("tensor", "token", "channel", "group", "block")),
             ))
 
     def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, problem):
         return reference_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, problem)
+
+    def grouped_scaled_mm(self, a, b, scale_a, scale_b, offsets, out_dtype, bias, problem):
+        return reference_grouped_scaled_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias, problem)
 
     def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):
         return reference_quantize(x, dtype, granularity, scale, scale_ub, group_size, block_size)

@@ -11,6 +11,8 @@ than on an fp32 (or float64) GEMM. The path for each (device, problem) comes fro
 - INT8 through torch._int_mm (exact int32 accumulation), the scales and bias applied after;
 - a call cuBLASLt declines although torch's rules allow it is computed on the dequantized weight
   instead, with a warning;
+- grouped_scaled_mm through torch._scaled_grouped_mm, else torch._grouped_mm on dequantized
+  operands, else its scaled_mm once per group (torch_grouped.py);
 - the rest (W8A16, fp8 without fp8 matrix units, unaligned K or N) dequantized to a 16-bit compute
   dtype (the activation dtype for W8A16) and one GEMM in it: fp8 and int8 values are exact there,
   the per-element scaling rounds to 8 (bf16) or 11 (fp16) significant bits, the GEMM accumulates
@@ -40,6 +42,7 @@ from qbackend.provider import Provider, Rule, granularities
 from qbackend.scales import expand, group_size
 from qbackend.weights import PreparedWeight
 
+from . import torch_grouped
 from . import torch_paths as tp
 from .reference import W8A8_PAIRS, W8A16_PAIRS, checked_scale, dynamic_scale, saturate_cast
 
@@ -196,6 +199,8 @@ class TorchProvider(Provider):
                 Rule(Op.SCALED_MM, GPU, frozenset(W8A8_PAIRS), every_a, every_b, out, forceable_backends=CPU),
                 Rule(Op.SCALED_MM, GPU, frozenset(W8A16_PAIRS), granularities("none"), every_b, out,
                      forceable_backends=CPU),
+                Rule(Op.GROUPED_SCALED_MM, GPU, frozenset(W8A8_PAIRS), every_a, every_b, out,
+                     forceable_backends=CPU),
                 Rule(Op.QUANTIZE, GPU, _QUANT, granularities("tensor", "token", "channel", "group", "block"),
                      forceable_backends=CPU),
             ))
@@ -214,7 +219,8 @@ class TorchProvider(Provider):
         key = (info.key, problem)
         found = self._paths.get(key)
         if found is None:
-            found = (tp.path(info, problem), tp.compute_dtype(info, problem))
+            choose = tp.grouped_path if problem.op is Op.GROUPED_SCALED_MM else tp.path
+            found = (choose(info, problem), tp.compute_dtype(info, problem))
             self._paths.put(key, found)
         return found
 
@@ -322,6 +328,18 @@ class TorchProvider(Provider):
                              f"this call takes the torch path {path} in {qd.dtype_name(compute)}: "
                              "prepare the weight again for this call's activation and output dtypes")
         return self._dequant_mm(a, scale_a, weight.data, bias, out_dtype, problem, compute)
+
+    # --- grouped_scaled_mm ----------------------------------------------------------------------
+
+    def grouped_scaled_mm(self, a, b, scale_a, scale_b, offsets, out_dtype, bias, problem):
+        path, compute = self.plan(a.device, problem)
+        if path == tp.GROUPED_SCALED:
+            return torch_grouped.scaled_grouped_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias, problem)
+        if path == tp.GROUPED_DEQUANT:
+            return torch_grouped.dequant_grouped_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias, problem,
+                                                    compute)
+        return torch_grouped.per_group_loop(self.scaled_mm, a, b, scale_a, scale_b, offsets, out_dtype, bias,
+                                            problem)
 
     # --- quantize -------------------------------------------------------------------------------
 

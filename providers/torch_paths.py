@@ -11,6 +11,13 @@ the problem's dtypes, scale granularities, out dtype and alignment), never by tr
   scaled_mm.unscaled     torch._scaled_mm with unit scales into fp32, the scales and bias applied after
   int_mm                 torch._int_mm (int32 accumulation), the scales and bias applied after
   dequant                both operands dequantized to a 16-bit compute dtype, one GEMM in it
+
+and for grouped_scaled_mm:
+
+  scaled_grouped_mm      torch._scaled_grouped_mm, per-row x per-group-and-column scales (sm_90)
+  grouped_mm.dequant     both operands dequantized to the compute dtype, one torch._grouped_mm
+  scaled_mm.per_group    this provider's scaled_mm once per group; the row ranges are read on the
+                         host (a device sync): the path of last resort
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import torch
 
 from qbackend import dtypes as qd
 from qbackend.problem import Granularity as G
+from qbackend.problem import Op
 
 TENSORWISE, ROWWISE, BLOCKWISE = "scaled_mm.tensorwise", "scaled_mm.rowwise", "scaled_mm.blockwise"
 UNSCALED, INT_MM, DEQUANT = "scaled_mm.unscaled", "int_mm", "dequant"
@@ -127,6 +135,38 @@ def path(device, problem) -> str:
     return UNSCALED
 
 
+GROUPED_SCALED, GROUPED_DEQUANT, GROUPED_LOOP = "scaled_grouped_mm", "grouped_mm.dequant", "scaled_mm.per_group"
+
+
+def scaled_grouped_ok(device) -> bool:
+    """torch._scaled_grouped_mm: e4m3 x e4m3 with rowwise scales into bf16, CUDA sm_90 (torch 2.8+)."""
+    return (device.backend == "cuda" and device.sm == 90 and TORCH >= (2, 8)
+            and hasattr(torch, "_scaled_grouped_mm"))
+
+
+def grouped_mm_ok(device) -> bool:
+    """torch._grouped_mm (16-bit and fp32 operands with device-side offsets): CUDA sm_90+ from torch
+    2.8, the CPU from 2.9."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if device.backend == "cuda":
+        return (device.sm or 0) >= 90 and TORCH >= (2, 8)
+    return device.backend == "cpu" and TORCH >= (2, 9)
+
+
+def grouped_path(device, problem) -> str:
+    """The torch provider's path for a grouped_scaled_mm problem on a device."""
+    # Both torch ops need 16-byte aligned strides: K and N multiples of 16 (fp8) / 8 (16-bit).
+    aligned = problem.k_align >= 16 and problem.n_align >= 16
+    rowwise = problem.scale_a in (G.TENSOR, G.TOKEN) and problem.scale_b in (G.TENSOR, G.CHANNEL)
+    if (aligned and rowwise and scaled_grouped_ok(device) and problem.out_dtype == torch.bfloat16
+            and problem.a_dtype == qd.E4M3 and problem.b_dtype == qd.E4M3):
+        return GROUPED_SCALED
+    if aligned and grouped_mm_ok(device):
+        return GROUPED_DEQUANT
+    return GROUPED_LOOP
+
+
 DESCRIPTION = {
     TENSORWISE: "torch._scaled_mm with per-tensor scales",
     ROWWISE: "torch._scaled_mm with per-row and per-column scales",
@@ -134,6 +174,9 @@ DESCRIPTION = {
     UNSCALED: "torch._scaled_mm into fp32, scales and bias applied after it",
     INT_MM: "torch._int_mm (int32 accumulation), scales and bias applied after it",
     DEQUANT: "operands dequantized to {compute}, one {compute} GEMM",
+    GROUPED_SCALED: "torch._scaled_grouped_mm with per-row and per-group-and-column scales",
+    GROUPED_DEQUANT: "operands dequantized to {compute}, one torch._grouped_mm",
+    GROUPED_LOOP: "this provider's scaled_mm once per group (row ranges read on the host: a device sync)",
 }
 
 
@@ -142,6 +185,9 @@ FAST_ACCUM_PATHS = (TENSORWISE, ROWWISE, UNSCALED)
 
 
 def describe(device, problem) -> str:
+    if problem.op is Op.GROUPED_SCALED_MM:
+        return DESCRIPTION[grouped_path(device, problem)].format(
+            compute=qd.dtype_name(compute_dtype(device, problem)))
     chosen = path(device, problem)
     compute = qd.dtype_name(compute_dtype(device, problem))
     accum = f", use_fast_accum={problem.accumulate == 'fast'}" if chosen in FAST_ACCUM_PATHS else ""

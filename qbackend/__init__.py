@@ -9,12 +9,13 @@ use, and no GPU is initialized.
 """
 from __future__ import annotations
 
-from .api import dequantize, linear, quantize, scaled_mm
+from .api import dequantize, grouped_scaled_mm, linear, quantize, scaled_mm
 from .convert import convert_checkpoint
-from .formats import CheckpointError, load_checkpoint, load_gguf, load_quantized, save_quantized
+from .formats import CheckpointError, load_checkpoint, load_gguf, load_moe, load_quantized, save_quantized
 from .fp8 import native_fp8_dtype, to_fnuz
 from .hookspecs import hookimpl
-from .nn import QuantLinear, calibrate, calibration, quantize_model
+from .moe import moe_align
+from .nn import QuantLinear, QuantMoE, calibrate, calibration, quantize_model
 from .probe import DeviceInfo, device_info
 from .problem import PROBLEM_KINDS, Granularity, Op, Problem, Verdict
 from .provider import Declined, Provider, Rule
@@ -24,9 +25,10 @@ from .weights import PreparedWeight, prepare_weight
 
 __version__ = "0.1.0"
 
-__all__ = ["scaled_mm", "quantize", "dequantize", "prepare_weight", "linear", "PreparedWeight",
+__all__ = ["scaled_mm", "grouped_scaled_mm", "moe_align", "quantize", "dequantize", "prepare_weight", "linear",
+           "PreparedWeight",
            "select", "explain", "selection_table",
            "device_info", "DeviceInfo", "Provider", "Declined", "Rule", "Problem", "Verdict", "Granularity",
            "Op", "PROBLEM_KINDS", "NoProviderError", "hookimpl", "native_fp8_dtype", "to_fnuz",
-           "QuantLinear", "quantize_model", "calibrate", "calibration", "load_checkpoint",
+           "QuantLinear", "QuantMoE", "load_moe", "quantize_model", "calibrate", "calibration", "load_checkpoint",
            "load_quantized", "load_gguf", "save_quantized", "convert_checkpoint", "CheckpointError"]

@@ -55,6 +55,35 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None = N
     return ops.scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size, accumulate)
 
 
+def grouped_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                      offsets: torch.Tensor, out_dtype: torch.dtype | None = None,
+                      bias: torch.Tensor | None = None, group_size: int = 128) -> torch.Tensor:
+    """scaled_mm per group of rows (the experts of a mixture of experts), in one call.
+
+    Group g is rows offsets[g-1]:offsets[g] of `a` (from row 0 for g = 0); its output rows are
+    (scale_a * scale_b[g]) * (a_rows @ b[g]) + bias[g], accumulated in fp32 (int32 for int8), as
+    scaled_mm computes them.
+    a: [total_tokens, K] float8 / int8, row-major (any row stride), rows sorted by group.
+    b: [G, K, N] float8 / int8, column-major per group (`w.transpose(-2, -1)` of a [G, N, K] weight).
+    scale_a: float32; [] or [1] per-tensor, [total_tokens, 1] per-token, [total_tokens,
+       ceil(K/group_size)] per-group along K (1 x 128 blocks).
+    scale_b: float32; [] (one for all groups) or [G] per group, [G, N] per group and channel,
+       [G, ceil(K/group_size), ceil(N/group_size)] blocks (`w_scale_inv.transpose(-2, -1)` of a
+       DeepSeek-style [G, ceil(N/128), ceil(K/128)] scale).
+    offsets: int32 [G] on a's device: cumulative row ends, non-decreasing, the last equal to
+       total_tokens (as torch._scaled_grouped_mm takes them). Empty groups are allowed. Its values are
+       not read on the host except by the reference provider (see docs/api.md).
+    out_dtype: bfloat16 (default), float16 or float32. bias: [G, N] in out_dtype, or None.
+    """
+    if _compiling():
+        _check_op_args("grouped_scaled_mm", {"a": a, "b": b, "scale_a": scale_a, "scale_b": scale_b,
+                                             "offsets": offsets}, {"bias": bias})
+        if out_dtype is not None:
+            check_out_dtype("grouped_scaled_mm", out_dtype, torch.bfloat16)
+        return ops.grouped_scaled_mm_op(a, b, scale_a, scale_b, offsets, out_dtype, bias, group_size)
+    return ops.grouped_scaled_mm_impl(a, b, scale_a, scale_b, offsets, out_dtype, bias, group_size)
+
+
 def quantize(x: torch.Tensor, dtype: torch.dtype = qd.E4M3, granularity: str = "tensor",
              scale: torch.Tensor | None = None, scale_ub: torch.Tensor | None = None,
              group_size: int = 128, block_size: tuple = (128, 128)):

@@ -21,14 +21,17 @@ SLOWDOWN = {
     "fp8_w8a16": "16x to 31x slower than bf16 torch.mm",
     "int8_w8a8": "8x to 15x slower than bf16 torch.mm (a float64 GEMM)",
     "fp8_block": "16x to 48x slower than bf16 torch.mm (one fp32 GEMM per 128-wide K block)",
+    "grouped": "a host-synchronising loop over the groups, one fp32 GEMM each (not measured)",
     "quantize": "several times slower than a fused kernel (one torch op per step; not measured)",
 }
 
 
 def kind_of(problem) -> str:
-    """The problem kind (qbackend.problem.PROBLEM_KINDS, or "quantize") a problem belongs to."""
+    """The problem kind (qbackend.problem.PROBLEM_KINDS, "grouped" or "quantize") a problem belongs to."""
     if problem.op is Op.QUANTIZE:
         return "quantize"
+    if problem.op is Op.GROUPED_SCALED_MM:
+        return "grouped"
     if problem.weight_only:
         return "fp8_w8a16"
     if problem.scale_a is G.GROUP or problem.scale_b is G.BLOCK:

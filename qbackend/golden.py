@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from . import probe, registry
-from .problem import PROBLEM_KINDS
+from .problem import ALL_KINDS as PROBLEM_KINDS
 from .selection import selection_table
 
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "gfx942", "gfx950", "cpu")
@@ -18,7 +18,7 @@ def golden() -> dict:
     os.environ["QBACKEND_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     try:
         registry.reload()
-        return {arch: selection_table(probe.simulated(arch)) for arch in ARCHS}
+        return {arch: selection_table(probe.simulated(arch), PROBLEM_KINDS) for arch in ARCHS}
     finally:
         del os.environ["QBACKEND_DISABLE_PLUGIN_AUTOLOAD"]
         for k, v in saved.items():

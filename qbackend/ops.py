@@ -1,6 +1,6 @@
 """torch.library ops: what torch.compile and CUDA graphs see.
 
-`qbackend::scaled_mm`, `qbackend::quantize` (dynamic: returns q and its new scale) and
+`qbackend::scaled_mm`, `qbackend::grouped_scaled_mm`, `qbackend::quantize` (dynamic: returns q and its new scale) and
 `qbackend::quantize_static` (returns q). Each real implementation validates, picks the provider for
 the tensors' device (a cached lookup) and calls it; each fake implementation validates and returns
 empty tensors of the right shape, so errors surface at trace time too.
@@ -15,6 +15,7 @@ from torch.library import custom_op
 from . import dtypes as qd
 from . import probe, registry
 from .validate import WeightSpec, quantize_scale_shape, validate_quantize, validate_scaled_mm
+from .validate_grouped import validate_grouped_scaled_mm
 from .weights import linear_impl
 
 
@@ -40,6 +41,15 @@ def scaled_mm_impl(a, b, scale_a, scale_b, out_dtype, bias, group_size=128, accu
     return out.reshape(tuple(lead) + (N,))
 
 
+def grouped_scaled_mm_impl(a, b, scale_a, scale_b, offsets, out_dtype, bias, group_size=128):
+    problem = validate_grouped_scaled_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias, group_size)
+    if a.shape[0] == 0:
+        return a.new_empty((0, b.shape[2]), dtype=problem.out_dtype)
+    return registry.get().run(probe.device_info(a.device), problem,
+                              lambda p: p.grouped_scaled_mm(a, b, scale_a, scale_b, offsets, problem.out_dtype,
+                                                            bias, problem))
+
+
 def quantize_impl(x, dtype, granularity, scale, scale_ub, group_size, block_size):
     problem = validate_quantize(x, dtype, granularity, scale, scale_ub, group_size, block_size)
     if x.numel() == 0:
@@ -63,6 +73,19 @@ def scaled_mm_op(a: torch.Tensor, b: torch.Tensor, scale_a: Optional[torch.Tenso
 def _scaled_mm_fake(a, b, scale_a, scale_b, out_dtype, bias, group_size=128, accumulate="fast"):
     problem = validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size, accumulate)
     return a.new_empty(tuple(a.shape[:-1]) + (b.shape[1],), dtype=problem.out_dtype)
+
+
+@custom_op("qbackend::grouped_scaled_mm", mutates_args=())
+def grouped_scaled_mm_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                         offsets: torch.Tensor, out_dtype: Optional[torch.dtype], bias: Optional[torch.Tensor],
+                         group_size: int = 128) -> torch.Tensor:
+    return grouped_scaled_mm_impl(a, b, scale_a, scale_b, offsets, out_dtype, bias, group_size)
+
+
+@grouped_scaled_mm_op.register_fake
+def _grouped_scaled_mm_fake(a, b, scale_a, scale_b, offsets, out_dtype, bias, group_size=128):
+    problem = validate_grouped_scaled_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias, group_size)
+    return a.new_empty((a.shape[0], b.shape[2]), dtype=problem.out_dtype)
 
 
 @custom_op("qbackend::quantize", mutates_args=())

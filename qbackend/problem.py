@@ -28,6 +28,9 @@ class Granularity(str, enum.Enum):
 class Op(str, enum.Enum):
     SCALED_MM = "scaled_mm"
     QUANTIZE = "quantize"
+    # scaled_mm over groups of rows of `a` (the experts of a mixture of experts), each group with
+    # its own weight, weight scale and bias: `qbackend.grouped_scaled_mm`.
+    GROUPED_SCALED_MM = "grouped_scaled_mm"
 
     def __str__(self) -> str:
         return self.value
@@ -75,6 +78,10 @@ class Problem:
             mode = "static" if self.static else "dynamic"
             return (f"quantize {qd.dtype_name(self.a_dtype)} -> {qd.dtype_name(self.b_dtype)}, "
                     f"{mode} per-{self.scale_a}")
+        if self.op is Op.GROUPED_SCALED_MM:
+            bias = ", bias per group" if self.has_bias else ""
+            return (f"grouped_scaled_mm W8A8 {qd.dtype_name(self.a_dtype)} x {qd.dtype_name(self.b_dtype)} -> "
+                    f"{qd.dtype_name(self.out_dtype)}, scales {self.scale_a} x per-group {self.scale_b}{bias}")
         kind = "W8A16" if self.weight_only else "W8A8"
         bias = ", bias" if self.has_bias else ""
         precise = ", precise accumulation" if self.accumulate == "precise" else ""
@@ -108,6 +115,10 @@ def alignment(n: int, cap: int = 16) -> int:
 # preferred fp8 dtype is `fp8`.
 PROBLEM_KINDS = ("fp8_w8a8_per_tensor", "fp8_w8a8_per_token_channel", "fp8_w8a16", "int8_w8a8",
                  "fp8_block")
+# The grouped (mixture-of-experts) kinds: the golden table and `explain` cover them; `qbackend info`
+# and the benchmarks stay on PROBLEM_KINDS.
+GROUPED_KINDS = ("fp8_grouped_per_tensor", "fp8_grouped_per_token_channel", "fp8_grouped_block")
+ALL_KINDS = PROBLEM_KINDS + GROUPED_KINDS
 
 
 def representative(kind: str, fp8: torch.dtype = qd.E4M3, act: torch.dtype = torch.bfloat16) -> Problem:
@@ -124,4 +135,11 @@ def representative(kind: str, fp8: torch.dtype = qd.E4M3, act: torch.dtype = tor
         return Problem(mm, torch.int8, torch.int8, torch.bfloat16, G.TOKEN, G.CHANNEL)
     if kind == "fp8_block":
         return Problem(mm, fp8, fp8, torch.bfloat16, G.GROUP, G.BLOCK, group=128)
-    raise ValueError(f"unknown problem kind {kind!r}; known: {', '.join(PROBLEM_KINDS)}")
+    gmm = Op.GROUPED_SCALED_MM
+    if kind == "fp8_grouped_per_tensor":
+        return Problem(gmm, fp8, fp8, torch.bfloat16, G.TENSOR, G.TENSOR)
+    if kind == "fp8_grouped_per_token_channel":
+        return Problem(gmm, fp8, fp8, torch.bfloat16, G.TOKEN, G.CHANNEL)
+    if kind == "fp8_grouped_block":
+        return Problem(gmm, fp8, fp8, torch.bfloat16, G.GROUP, G.BLOCK, group=128)
+    raise ValueError(f"unknown problem kind {kind!r}; known: {', '.join(ALL_KINDS)}")

@@ -178,6 +178,14 @@ class Provider:
         [M, 1] or [M, G]; scale_b: one value, [N] / [1, N] or [Kb, Nb]. Inputs are validated."""
         raise NotImplementedError(f"provider {self.name} does not implement scaled_mm")
 
+    def grouped_scaled_mm(self, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                          scale_b: torch.Tensor, offsets: torch.Tensor, out_dtype: torch.dtype,
+                          bias: torch.Tensor | None, problem: Problem) -> torch.Tensor:
+        """a: [M, K] rows sorted by group, b: [G, K, N] column-major per group, offsets: int32 [G]
+        cumulative row ends on a's device; scales and bias as `qbackend.grouped_scaled_mm` takes
+        them. Inputs are validated (their shapes; offsets' values are not read). M > 0."""
+        raise NotImplementedError(f"provider {self.name} does not implement grouped_scaled_mm")
+
     def quantize(self, x: torch.Tensor, dtype: torch.dtype, granularity: str,
                  scale: torch.Tensor | None, scale_ub: torch.Tensor | None, group_size: int,
                  block_size: tuple, problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:

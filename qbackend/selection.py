@@ -49,11 +49,12 @@ def explain(kind_or_problem, device=None) -> str:
     return "\n".join(lines)
 
 
-def selection_table(device=None) -> dict:
-    """{kind: (provider name or None, {provider: reason for each rejection})} for PROBLEM_KINDS."""
+def selection_table(device=None, kinds: tuple = PROBLEM_KINDS) -> dict:
+    """{kind: (provider name or None, {provider: reason for each rejection})} for `kinds`
+    (PROBLEM_KINDS by default; problem.ALL_KINDS adds the grouped ones)."""
     info = _device(device)
     table = {}
-    for kind in PROBLEM_KINDS:
+    for kind in kinds:
         decision = registry.get().decide(info, _problem(info, kind))
         table[kind] = (decision.name, {n: v.reason for n, v in decision.verdicts if not v.ok})
     return table

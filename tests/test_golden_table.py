@@ -10,7 +10,7 @@ import torch
 
 import qbackend
 from qbackend import golden, registry
-from qbackend.problem import PROBLEM_KINDS
+from qbackend.problem import GROUPED_KINDS, PROBLEM_KINDS
 from qbackend.validate import validate_quantize
 
 R, C, M, H, T = "reference", "cutlass", "marlin", "hipblaslt", "torch"
@@ -27,6 +27,10 @@ EXPECTED = {
     "cpu": (R, R, R, R, R),
 }
 
+# The grouped (MoE) kinds: fp8_grouped_per_tensor, fp8_grouped_per_token_channel, fp8_grouped_block.
+# No native provider has grouped kernels yet: torch serves every GPU, the reference the CPU.
+GROUPED_EXPECTED = {arch: (R, R, R) if arch == "cpu" else (T, T, T) for arch in EXPECTED}
+
 
 @pytest.fixture(scope="module")
 def table():
@@ -37,6 +41,21 @@ def table():
 def test_choices(table, arch):
     got = tuple(table[arch][kind][0] for kind in PROBLEM_KINDS)
     assert got == EXPECTED[arch]
+    assert tuple(table[arch][kind][0] for kind in GROUPED_KINDS) == GROUPED_EXPECTED[arch]
+
+
+def test_grouped_paths_named():
+    """explain names the torch path of each grouped kind: torch._scaled_grouped_mm for rowwise
+    scales on sm_90, torch._grouped_mm on dequantized operands for block scales there and on sm_100,
+    the per-group loop (a host sync) where neither torch op runs."""
+    from qbackend import explain, probe
+
+    sm90 = probe.simulated("sm_90")
+    assert "-> torch: ok: torch._scaled_grouped_mm" in explain("fp8_grouped_per_token_channel", sm90)
+    assert "-> torch: ok: operands dequantized to bfloat16, one torch._grouped_mm" in \
+        explain("fp8_grouped_block", sm90)
+    assert "-> torch: ok: this provider's scaled_mm once per group" in \
+        explain("fp8_grouped_per_tensor", probe.simulated("gfx942"))
 
 
 def test_every_rejection_has_a_reason(table):
