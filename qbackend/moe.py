@@ -1,0 +1,49 @@
+"""Routing for mixtures of experts: from each token's chosen experts to the expert-sorted row order
+that grouped_scaled_mm takes, on the device, without reading anything on the host (so that it
+captures in a CUDA graph and traces under torch.compile with fixed shapes)."""
+from __future__ import annotations
+
+import torch
+
+from .validate import _fail
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int):
+    """(permutation, offsets, inverse) for topk_ids [tokens, top_k] (or [tokens * top_k]) of
+    expert indices in [0, num_experts).
+
+    permutation: int64 [tokens * top_k]; entry r is the flat (token * top_k + slot) index of the
+       r-th row in expert order (rows of one expert keep their token order). The token is
+       permutation // top_k.
+    offsets: int32 [num_experts], cumulative row ends per expert (grouped_scaled_mm's offsets).
+    inverse: int64 [tokens * top_k], inverse[permutation[r]] == r: where each (token, slot) row
+       landed, to gather the grouped output back into token order.
+    Indices outside [0, num_experts) are refused on the CPU in eager mode; on a GPU, where checking them would
+    cost a sync, they are not read on the host and give meaningless offsets.
+    """
+    fn = "moe_align"
+    if not isinstance(topk_ids, torch.Tensor):
+        _fail(fn, "topk_ids", "must be a torch.Tensor", type(topk_ids).__name__, TypeError)
+    if topk_ids.dtype not in (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8):
+        _fail(fn, "topk_ids", "dtype must be an integer type", str(topk_ids.dtype).replace("torch.", ""), TypeError)
+    if topk_ids.dim() not in (1, 2):
+        _fail(fn, "topk_ids", "must have rank 1 or 2 ([tokens, top_k])", f"rank {topk_ids.dim()}")
+    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts <= 0:
+        _fail(fn, "num_experts", "must be a positive int", repr(num_experts))
+    flat = topk_ids.reshape(-1).long()
+    # On the CPU the check is cheap; under torch.compile the values are not known while tracing.
+    if flat.device.type == "cpu" and flat.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < 0 or hi >= num_experts:
+            _fail(fn, "topk_ids", f"values must lie in [0, num_experts) = [0, {num_experts})",
+                  f"values from {lo} to {hi}")
+    # A stable sort keeps each expert's rows in token order (deterministic, and reads in order).
+    permutation = torch.argsort(flat, stable=True)
+    # scatter_add into a fixed-size count, not bincount: bincount sizes its output from the data's
+    # maximum, which is a host sync on a GPU.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat.clamp(0, num_experts - 1), torch.ones_like(flat))
+    offsets = torch.cumsum(counts, 0).to(torch.int32)
+    inverse = torch.empty_like(permutation)
+    inverse.scatter_(0, permutation, torch.arange(flat.numel(), device=flat.device))
+    return permutation, offsets, inverse

@@ -1,0 +1,149 @@
+"""QuantMoE: a mixture-of-experts feed-forward block on qbackend.grouped_scaled_mm.
+
+    router top-k -> moe_align (expert order) -> quantize -> grouped gate/up -> SiLU(gate) * up
+    -> quantize -> grouped down -> weighted sum back into token order
+
+Weights are stored stacked over experts in canonical form (row-major [E, N, K], 8-bit):
+  w13        [E, 2 * I, H]  gate rows then up rows of each expert
+  w13_scale  [E, 2 * I] per channel, or [E, ceil(2I/bn), ceil(H/bk)] blocks; per-tensor gate and up
+             scales are held as per-channel ones (each part's scale over its rows: the same numbers),
+             since one stacked weight cannot carry two scales per expert otherwise
+  w2         [E, H, I]
+  w2_scale   [E] per tensor, [E, H] per channel, or [E, ceil(H/bn), ceil(I/bk)] blocks
+Activations are quantized dynamically per token (per group of block_size[1] along K with block
+weights). A static input_scale in a checkpoint is not used: every token gets its own scale.
+No call reads routing data on the host, so the block captures in a CUDA graph where its provider
+does (the reference provider loops over experts on the host).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qbackend
+
+from .schemes import get_scheme
+from .weight import QuantizedWeight
+
+FP8 = torch.float8_e4m3fn
+
+
+def _stack_scale(scales: list, granularity: str) -> torch.Tensor:
+    if granularity == "tensor":
+        return torch.stack([s.reshape(()) for s in scales])
+    if granularity == "channel":
+        return torch.stack([s.reshape(-1) for s in scales])
+    return torch.stack(scales)
+
+
+def _gate_up_scale(gate: QuantizedWeight, up: QuantizedWeight) -> torch.Tensor:
+    """One expert's w13 scale: per-channel [2I] (from per-tensor or per-channel parts) or blocks."""
+    g, u = gate.scheme.weight_granularity, up.scheme.weight_granularity
+    if g != u:
+        raise ValueError(f"QuantMoE: gate and up weights must share a scale granularity; got {g} and {u}")
+    if g == "block":
+        bn = gate.scheme.block_size[0]
+        if gate.out_features % bn:
+            raise ValueError(f"QuantMoE: block-scaled gate/up weights need intermediate size a multiple of "
+                             f"the block ({bn}) to stack; got {gate.out_features}")
+        return torch.cat([gate.weight_scale, up.weight_scale], 0)
+    parts = [w.weight_scale.float().reshape(-1).expand(w.out_features) for w in (gate, up)]
+    return torch.cat(parts)
+
+
+class QuantMoE(nn.Module):
+    def __init__(self, router_weight: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
+                 w2: torch.Tensor, w2_scale: torch.Tensor, top_k: int, renormalize: bool = True,
+                 block_size: tuple | None = None):
+        super().__init__()
+        E, two_i, H = w13.shape
+        if w2.dim() != 3 or tuple(w2.shape) != (E, H, two_i // 2) or two_i % 2:
+            raise ValueError(f"QuantMoE: w2: shape must be [E, H, I] = [{E}, {H}, {two_i // 2}] for w13 of "
+                             f"shape {list(w13.shape)}; got {list(w2.shape)}")
+        if tuple(router_weight.shape) != (E, H):
+            raise ValueError(f"QuantMoE: router_weight: shape must be [E, H] = [{E}, {H}]; got "
+                             f"{list(router_weight.shape)}")
+        if not isinstance(top_k, int) or not 1 <= top_k <= E:
+            raise ValueError(f"QuantMoE: top_k: must be an int in [1, {E}]; got {top_k!r}")
+        self.num_experts, self.hidden, self.intermediate, self.top_k = E, H, two_i // 2, top_k
+        self.renormalize = renormalize
+        self.block_size = tuple(block_size) if block_size else None
+        self.register_buffer("router_weight", router_weight)
+        self.register_buffer("w13", w13)
+        self.register_buffer("w13_scale", w13_scale.float())
+        self.register_buffer("w2", w2)
+        self.register_buffer("w2_scale", w2_scale.float())
+
+    @classmethod
+    def from_experts(cls, router_weight: torch.Tensor, gate: list, up: list, down: list, top_k: int,
+                     renormalize: bool = True) -> "QuantMoE":
+        """Stack per-expert QuantizedWeights (gate/up [I, H], down [H, I]) into one block."""
+        if not (len(gate) == len(up) == len(down) >= 1):
+            raise ValueError(f"QuantMoE: gate, up, down: need the same number (>= 1) of experts; got "
+                             f"{len(gate)}, {len(up)}, {len(down)}")
+        schemes = {w.scheme.weight_granularity for w in gate + up + down}
+        if len(schemes) != 1:
+            raise ValueError(f"QuantMoE: every expert weight must share a scale granularity; got {sorted(schemes)}")
+        granularity = schemes.pop()
+        w13 = torch.stack([torch.cat([g.weight, u.weight], 0) for g, u in zip(gate, up)])
+        w13_scale = torch.stack([_gate_up_scale(g, u) for g, u in zip(gate, up)])
+        w2 = torch.stack([d.weight for d in down])
+        w2_scale = _stack_scale([d.weight_scale for d in down], granularity)
+        block = down[0].scheme.block_size if granularity == "block" else None
+        return cls(router_weight, w13, w13_scale, w2, w2_scale, top_k, renormalize, block)
+
+    @classmethod
+    def from_float(cls, router_weight: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                   w_down: torch.Tensor, top_k: int, scheme: str = "fp8_dynamic",
+                   renormalize: bool = True) -> "QuantMoE":
+        """Quantize float expert weights (w_gate, w_up [E, I, H], w_down [E, H, I]) under a named
+        scheme ("fp8_dynamic": per channel, "fp8_dynamic_tensor": per tensor, "fp8_block")."""
+        s = get_scheme(scheme)
+        q = (lambda ws: [QuantizedWeight.from_float(w, s) for w in ws])
+        return cls.from_experts(router_weight, q(w_gate), q(w_up), q(w_down), top_k, renormalize)
+
+    @staticmethod
+    def _scale_b(scale: torch.Tensor) -> torch.Tensor:
+        """A stacked canonical weight scale in grouped_scaled_mm's scale_b form."""
+        return scale.transpose(-2, -1) if scale.dim() == 3 else scale
+
+    def _quantize(self, x: torch.Tensor):
+        if self.block_size:
+            return qbackend.quantize(x, FP8, "group", group_size=self.block_size[1])
+        return qbackend.quantize(x, FP8, "token")
+
+    def _grouped(self, x, w, scale, offsets, out_dtype):
+        q, s = self._quantize(x)
+        group = self.block_size[0] if self.block_size else 128
+        return qbackend.grouped_scaled_mm(q, w.transpose(-2, -1), s, self._scale_b(scale), offsets,
+                                          out_dtype=out_dtype, group_size=group)
+
+    def route(self, x2: torch.Tensor):
+        """(weights [T, top_k] fp32, expert ids [T, top_k]): softmax over the router's logits, top-k."""
+        probs = torch.softmax(F.linear(x2.float(), self.router_weight.float()), dim=-1)
+        weights, ids = probs.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.hidden:
+            raise ValueError(f"QuantMoE: x: last dimension must be hidden size {self.hidden}; got {x.shape[-1]}")
+        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+        x2 = x.reshape(-1, self.hidden)
+        weights, ids = self.route(x2)
+        perm, offsets, inverse = qbackend.moe_align(ids, self.num_experts)
+        rows = x2.index_select(0, perm // self.top_k)
+        h = self._grouped(rows, self.w13, self.w13_scale, offsets, out_dtype)
+        i = self.intermediate
+        act = (F.silu(h[:, :i].float()) * h[:, i:].float()).to(out_dtype)
+        y = self._grouped(act, self.w2, self.w2_scale, offsets, out_dtype)
+        # Back to (token, slot) order, then each token's weighted sum over its experts, in fp32.
+        y = y.index_select(0, inverse).reshape(x2.shape[0], self.top_k, self.hidden)
+        out = (y.float() * weights.unsqueeze(-1)).sum(dim=1)
+        return out.to(out_dtype).reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
+                f"top_k={self.top_k}, weight={self.w13.dtype}, block={self.block_size}")

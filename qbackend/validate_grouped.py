@@ -1,0 +1,163 @@
+"""Validation of grouped_scaled_mm calls, in the style of validate.py: shapes, strides and dtypes
+only, never tensor data (offsets included), so no check costs a device sync and every one runs on
+fake tensors under torch.compile."""
+from __future__ import annotations
+
+import torch
+
+from . import dtypes as qd
+from .problem import Granularity as G
+from .problem import Op, Problem, alignment
+from .scales import group_size
+from .validate import (
+    INT8_MAX_K,
+    _check_aligned_ptr,
+    _check_same_device,
+    _check_tensor,
+    _fail,
+    _shape,
+    check_out_dtype,
+)
+
+FN = "grouped_scaled_mm"
+# Enough for every mixture of experts in use (DeepSeek-V3 has 256 routed experts) with room to spare.
+MAX_GROUPS = 1024
+
+
+def _check_scale(arg: str, s, a: torch.Tensor):
+    _check_tensor(FN, arg, s)
+    if s.dtype != torch.float32:
+        _fail(FN, arg, "must be a float32 tensor", qd.dtype_name(s.dtype), TypeError)
+    _check_same_device(FN, arg, s, a, "a")
+
+
+def _dtypes(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dtype not in qd.QUANT_DTYPES:
+        _fail(FN, "a", "dtype must be float8 (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz) or int8",
+              qd.dtype_name(a.dtype), TypeError)
+    if b.dtype not in qd.QUANT_DTYPES:
+        _fail(FN, "b", "dtype must be float8 (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz) or int8",
+              qd.dtype_name(b.dtype), TypeError)
+    pair = f"a {qd.dtype_name(a.dtype)} with b {qd.dtype_name(b.dtype)}"
+    if (a.dtype == torch.int8) != (b.dtype == torch.int8):
+        _fail(FN, "a, b", "int8 pairs only with int8", pair, TypeError)
+    if qd.is_fp8(a.dtype) and qd.fp8_family(a.dtype) != qd.fp8_family(b.dtype):
+        _fail(FN, "a, b", "float8 formats cannot mix the OCP (fn/e5m2) and MI300 (fnuz) families",
+              pair, TypeError)
+
+
+def _scale_a_granularity(scale_a: torch.Tensor, M: int, K: int, g: int) -> G:
+    if scale_a.numel() == 1 and scale_a.dim() <= 2:
+        return G.TENSOR
+    if scale_a.dim() == 2 and scale_a.shape[0] == M:
+        cols = int(scale_a.shape[1])
+        if cols == 1:
+            return G.TOKEN
+        if cols > 1 and group_size(K, cols, g) is not None:
+            return G.GROUP
+    _fail(FN, "scale_a", f"shape must be [] or [1] (per-tensor), [{M}, 1] (per-token) or "
+          f"[{M}, {-(-K // g)}] (per-group: groups of group_size={g} along K={K})", _shape(scale_a))
+
+
+def _scale_b_granularity(scale_b: torch.Tensor, groups: int, K: int, N: int, g: int) -> G:
+    shape = tuple(int(d) for d in scale_b.shape)
+    if shape in ((), (1,), (groups,), (groups, 1)):
+        return G.TENSOR
+    if shape == (groups, N):
+        return G.CHANNEL
+    if len(shape) == 3 and shape[0] == groups:
+        kb, nb = shape[1:]
+        if (kb > 1 or nb > 1) and group_size(K, kb, g) is not None and group_size(N, nb, g) is not None:
+            return G.BLOCK
+    _fail(FN, "scale_b", f"shape must be [] or [{groups}] (one per tensor or per group), [{groups}, {N}] "
+          f"(per group and channel) or [{groups}, {-(-K // g)}, {-(-N // g)}] (blocks of "
+          f"group_size={g}: w_scale_inv.transpose(-2, -1) of [G, ceil(N/{g}), ceil(K/{g})])", _shape(scale_b))
+
+
+def _layout(a: torch.Tensor, b: torch.Tensor, K: int, N: int) -> None:
+    """a row-major with any row stride; each group's b column-major (stride 1 along K)."""
+    if K > 1 and a.stride(1) != 1:
+        _fail(FN, "a", "must be row-major (stride 1 along K)", f"strides {tuple(a.stride())}")
+    if a.shape[0] > 1 and a.stride(0) < K:
+        _fail(FN, "a", f"row stride must be >= K ({K})", f"stride {a.stride(0)}")
+    if a.shape[0] > 1 and a.stride(0) * a.element_size() % 16:
+        _fail(FN, "a", "row stride must be a multiple of 16 bytes (K padded to 16 elements)",
+              f"stride {a.stride(0)}")
+    if N > 1 and K > 1 and b.stride(1) != 1:
+        _fail(FN, "b", "must be column-major per group: b = w.transpose(-2, -1) of a row-major "
+              "[G, N, K] weight (stride 1 along K)", f"strides {tuple(b.stride())} for shape {_shape(b)}")
+    if N > 1 and (b.stride(2) < K or b.stride(2) * b.element_size() % 16):
+        _fail(FN, "b", f"column stride must be >= K ({K}) and a multiple of 16 bytes", f"stride {b.stride(2)}")
+    if b.shape[0] > 1 and (b.stride(0) < K * N or b.stride(0) * b.element_size() % 16):
+        _fail(FN, "b", "group stride must cover one [K, N] weight and be a multiple of 16 bytes",
+              f"stride {b.stride(0)}")
+    _check_aligned_ptr(FN, "a", a)
+    _check_aligned_ptr(FN, "b", b)
+
+
+def validate_grouped_scaled_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias,
+                               group_size_: int = 128) -> Problem:
+    """Check a grouped_scaled_mm call; return its Problem (op GROUPED_SCALED_MM)."""
+    _check_tensor(FN, "a", a)
+    _check_tensor(FN, "b", b)
+    _check_tensor(FN, "offsets", offsets)
+    if a.dim() != 2:
+        _fail(FN, "a", "must have rank 2 ([total_tokens, K], rows sorted by group)", f"rank {a.dim()}")
+    if b.dim() != 3:
+        _fail(FN, "b", "must have rank 3 ([G, K, N], column-major per group)", f"rank {b.dim()}")
+    _check_same_device(FN, "b", b, a, "a")
+    _dtypes(a, b)
+    out_dtype = check_out_dtype(FN, out_dtype, torch.bfloat16)
+    if not isinstance(group_size_, int) or isinstance(group_size_, bool) or group_size_ <= 0:
+        _fail(FN, "group_size", "must be a positive int", repr(group_size_))
+
+    M, K = int(a.shape[0]), int(a.shape[1])
+    groups, N = int(b.shape[0]), int(b.shape[2])
+    if int(b.shape[1]) != K:
+        _fail(FN, "b", f"must be [G, K, N] with K matching a's last dimension ({K})", f"shape {_shape(b)}")
+    if K == 0 or N == 0:
+        _fail(FN, "a, b", "K and N must be positive", f"K={K}, N={N}")
+    if not 1 <= groups <= MAX_GROUPS:
+        _fail(FN, "b", f"must hold 1 to {MAX_GROUPS} groups", f"G={groups}")
+    if a.dtype == torch.int8 and K > INT8_MAX_K:
+        _fail(FN, "a", f"int8 products overflow int32 accumulation beyond K={INT8_MAX_K}", f"K={K}")
+
+    if offsets.dtype != torch.int32:
+        _fail(FN, "offsets", "must be an int32 tensor (cumulative row ends, one per group)",
+              qd.dtype_name(offsets.dtype), TypeError)
+    if offsets.dim() != 1 or int(offsets.shape[0]) != groups:
+        _fail(FN, "offsets", f"shape must be [G] = [{groups}] (one row end per group of b)", _shape(offsets))
+    _check_same_device(FN, "offsets", offsets, a, "a")
+    if groups > 1 and offsets.stride(0) != 1:
+        _fail(FN, "offsets", "must be contiguous", f"stride {offsets.stride(0)}")
+    _layout(a, b, K, N)
+
+    if scale_a is None:
+        _fail(FN, "scale_a", "is required (a is quantized)", "None")
+    _check_scale("scale_a", scale_a, a)
+    ga = _scale_a_granularity(scale_a, M, K, group_size_)
+    if scale_b is None:
+        _fail(FN, "scale_b", "is required", "None")
+    _check_scale("scale_b", scale_b, a)
+    gb = _scale_b_granularity(scale_b, groups, K, N, group_size_)
+
+    if bias is not None:
+        _check_tensor(FN, "bias", bias)
+        _check_same_device(FN, "bias", bias, a, "a")
+        if bias.dtype != out_dtype:
+            _fail(FN, "bias", f"dtype must equal out_dtype ({qd.dtype_name(out_dtype)})",
+                  qd.dtype_name(bias.dtype), TypeError)
+        if tuple(bias.shape) != (groups, N):
+            _fail(FN, "bias", f"shape must be [G, N] = [{groups}, {N}] (one bias per group)", _shape(bias))
+        if N > 1 and bias.stride(1) != 1:
+            _fail(FN, "bias", "must be contiguous along N", f"strides {tuple(bias.stride())}")
+
+    grouped = ga is G.GROUP or gb is G.BLOCK
+    extents = ()
+    if grouped:
+        a_k = group_size(K, scale_a.shape[-1], group_size_) if ga is G.GROUP else 0
+        b_k, b_n = ((group_size(K, scale_b.shape[1], group_size_), group_size(N, scale_b.shape[2], group_size_))
+                    if gb is G.BLOCK else (0, 0))
+        extents = (a_k, b_k, b_n)
+    return Problem(Op.GROUPED_SCALED_MM, a.dtype, b.dtype, out_dtype, ga, gb, bias is not None,
+                   alignment(K), alignment(N), group=group_size_ if grouped else 0, group_extents=extents)
