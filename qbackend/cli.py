@@ -12,6 +12,21 @@ def _gib(n) -> str:
     return f"{n / 2**30:.0f} GiB" if n else "?"
 
 
+def _quantize_verdict(provider, device) -> str | None:
+    """For a quantize-only provider: None where one of its rules takes dynamic per-token bf16 to
+    the device's fp8, else the first rule's reason (so that `info` does not report such a provider
+    as lacking scaled_mm)."""
+    import torch
+
+    from qbackend import probe
+    from qbackend.problem import Granularity, Op, Problem
+
+    formats = probe.native_fp8(device.arch) or (torch.float8_e4m3fn,)
+    problem = Problem(Op.QUANTIZE, torch.bfloat16, formats[0], scale_a=Granularity.TOKEN)
+    reasons = [r.mismatch(device, problem)[1] for r in provider.rules if r.op is Op.QUANTIZE]
+    return None if None in reasons else (reasons[0] if reasons else "has no rules")
+
+
 def info_report(simulate: str | None = None) -> dict:
     """Everything `qbackend info` prints, as a JSON-ready dict."""
     if simulate:
@@ -20,7 +35,7 @@ def info_report(simulate: str | None = None) -> dict:
 
     import qbackend
     from qbackend import registry
-    from qbackend.problem import PROBLEM_KINDS
+    from qbackend.problem import PROBLEM_KINDS, Op
 
     reg = registry.reload() if simulate else registry.get()
     device = qbackend.device_info()
@@ -34,6 +49,9 @@ def info_report(simulate: str | None = None) -> dict:
         ok = [v for v in mine if v.ok]
         if p.name in reg.disabled:
             available, reason = False, "disabled by QBACKEND_DISABLE"
+        elif all(r.op is Op.QUANTIZE for r in p.rules):  # a quantize-only provider
+            why = _quantize_verdict(p, device)
+            available, reason = why is None, why or "serves quantize (no GEMM kind)"
         elif ok:
             available = True
             reason = ("serves " + ", ".join(served)) if served else "usable; outranked for every kind"

@@ -46,6 +46,18 @@ def test_info_simulate_flag_selects(arch, kind, provider):
     assert r["selection"][kind] == provider
 
 
+@pytest.mark.parametrize("arch,available,reason", [
+    ("gfx942", True, "serves quantize (no GEMM kind)"),
+    ("sm_90", False, "runs on hip, not cuda"),
+])
+def test_info_reports_a_quantize_only_provider_by_its_quantize_rules(arch, available, reason):
+    """The rocm provider only quantizes: `info` says so where it serves, and why not elsewhere,
+    rather than that it lacks scaled_mm."""
+    r = json.loads(run_info("--json", "--simulate", arch))
+    rocm = next(p for p in r["providers"] if p["name"] == "rocm")
+    assert (rocm["available"], rocm["reason"]) == (available, reason)
+
+
 def test_info_simulate_gfx942_lists_fnuz():
     r = json.loads(run_info("--json", "--simulate", "gfx942"))
     assert "float8_e4m3fnuz" in r["device"]["fp8_dtypes"] and r["device"]["backend"] == "hip"
