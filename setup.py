@@ -14,9 +14,10 @@ The library lands in providers/_lib/ (editable installs) or the wheel's qbackend
 a wheel holding one is tagged py3-none-<platform> (a C ABI, no torch or Python linkage), and also
 carries csrc_cuda and csrc_rocm so that `qbackend build` can rebuild them for other archs.
 """
-import importlib.util
+import importlib
 import shutil
 import sys
+import types
 from pathlib import Path
 
 from setuptools import setup
@@ -27,39 +28,36 @@ ROOT = Path(__file__).resolve().parent
 
 
 def _load_build_module(name):
-    # By path: the package is not importable (nor is torch) in pip's build environment.
-    spec = importlib.util.spec_from_file_location(f"qbackend_{name}", ROOT / "providers" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    # providers/__init__.py imports torch, which pip's build environment does not have: the package is
+    # stood in for by an empty one over the same folder, so that only the stdlib build modules (and
+    # what they import from each other) are executed.
+    if "qbackend_providers" not in sys.modules:
+        package = types.ModuleType("qbackend_providers")
+        package.__path__ = [str(ROOT / "providers")]
+        sys.modules["qbackend_providers"] = package
+    return importlib.import_module(f"qbackend_providers.{name}")
 
 
 cuda_build = _load_build_module("cuda_build")
 rocm_build = _load_build_module("rocm_build")
-_plan = None
-_rocm_plan = None
+_plans = {}
+
+
+def _install_plan(build_module, language: str):
+    """(archs or None, why) of one native library, decided (and said) once per setup.py run."""
+    if language not in _plans:
+        archs, why = _plans[language] = build_module.install_archs()
+        what = f"building the {language} library for {';'.join(archs)}" if archs else f"no {language} library built"
+        print(f"qbackend: {what} ({why})", file=sys.stderr, flush=True)
+    return _plans[language]
 
 
 def cuda_plan():
-    """(archs or None, why), decided once per setup.py run."""
-    global _plan
-    if _plan is None:
-        _plan = cuda_build.install_archs()
-        archs, why = _plan
-        what = f"building the CUDA library for {';'.join(archs)}" if archs else "no CUDA library built"
-        print(f"qbackend: {what} ({why})", file=sys.stderr, flush=True)
-    return _plan
+    return _install_plan(cuda_build, "CUDA")
 
 
 def rocm_plan():
-    """(archs or None, why) of the ROCm library, decided once per setup.py run."""
-    global _rocm_plan
-    if _rocm_plan is None:
-        _rocm_plan = rocm_build.install_archs()
-        archs, why = _rocm_plan
-        what = f"building the ROCm library for {';'.join(archs)}" if archs else "no ROCm library built"
-        print(f"qbackend: {what} ({why})", file=sys.stderr, flush=True)
-    return _rocm_plan
+    return _install_plan(rocm_build, "ROCm")
 
 
 class BuildPyWithCuda(build_py):

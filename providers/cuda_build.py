@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from .install_paths import BuildError, SourceTree, default_dest
+
 ALL_ARCHS = ("75", "80", "89", "90a")
 LIB_NAME = "libqbackend_cuda.so"
 CUTLASS_PIN = "nvidia-cutlass==4.2.0.0"
@@ -33,59 +35,17 @@ CUTLASS_HINT = (f"pip install '{CUTLASS_PIN}' (what the `cuda` extra installs: p
 # a full 2-core build (36 objects in about 14 minutes).
 DEFAULT_OBJECT_SECONDS = 45.0
 
-HERE = Path(__file__).resolve().parent
-
-
-class BuildError(RuntimeError):
-    """A build that cannot start or failed; the message says what to do."""
-
-
-# --- where things are ------------------------------------------------------------------------------------
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "qbackend"
-
-
-def in_checkout() -> bool:
-    """Whether this module runs from a source checkout (an editable install or setup.py)."""
-    return HERE.name == "providers" and (HERE.parent / "csrc_cuda" / "CMakeLists.txt").exists()
-
-
-def source_dir() -> Path:
-    if in_checkout():
-        return HERE.parent / "csrc_cuda"
-    shipped = HERE / "csrc_cuda"   # a wheel carries the sources so that `qbackend build` works there
-    if (shipped / "CMakeLists.txt").exists():
-        return shipped
-    raise BuildError(f"the CUDA sources are not part of this installation ({shipped} is missing): "
-                     "install qbackend from a wheel or a source checkout")
-
-
-def default_build_dir() -> Path:
-    return HERE.parent / "build" / "cuda" if in_checkout() else cache_dir() / "build"
-
-
-def package_lib_dir() -> Path:
-    return HERE / "_lib"
-
-
-def cache_lib_dir() -> Path:
-    return cache_dir() / "lib"
-
-
-def default_dest() -> Path:
-    """The package's _lib/ when it can be written, else the per-user cache (both are searched)."""
-    pkg = package_lib_dir()
-    writable = os.access(pkg if pkg.exists() else pkg.parent, os.W_OK)
-    return pkg if writable else cache_lib_dir()
+SOURCE_TREE = SourceTree("csrc_cuda", "CMakeLists.txt", "CUDA", build_name="cuda", cache_build_name="build")
+in_checkout = SOURCE_TREE.in_checkout
+source_dir = SOURCE_TREE.source_dir
+default_build_dir = SOURCE_TREE.default_build_dir
 
 
 def build_log_candidates() -> list:
     """Where the logs of earlier builds may be, for `qbackend info`."""
-    dirs = [cache_dir() / "build"]
+    dirs = [SOURCE_TREE.cache_build_dir()]
     if in_checkout():
-        dirs.insert(0, HERE.parent / "build" / "cuda")
+        dirs.insert(0, SOURCE_TREE.checkout_build_dir())
     return [d / "build.log" for d in dirs]
 
 

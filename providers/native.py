@@ -27,7 +27,7 @@ import torch
 
 from qbackend import bounded
 
-from . import cuda_build
+from . import cuda_build, install_paths
 
 __all__ = ["VARIANT_AUTO", "VARIANT_SM90", "VARIANT_SM89", "VARIANT_SM80", "VARIANT_SM75", "ACCUMULATE_PRECISE",
            "STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "load", "load_error", "library_path",
@@ -66,8 +66,8 @@ def library_candidates() -> list:
     package's copy and the per-user cache's."""
     if os.environ.get("QBACKEND_CUDA_LIB"):
         return [("QBACKEND_CUDA_LIB", os.environ["QBACKEND_CUDA_LIB"])]
-    return [("package", str(cuda_build.package_lib_dir() / cuda_build.LIB_NAME)),
-            ("cache", str(cuda_build.cache_lib_dir() / cuda_build.LIB_NAME))]
+    return [("package", str(install_paths.package_lib_dir() / cuda_build.LIB_NAME)),
+            ("cache", str(install_paths.cache_lib_dir() / cuda_build.LIB_NAME))]
 
 
 def _found() -> tuple:

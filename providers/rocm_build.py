@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .install_paths import BuildError, SourceTree, default_dest
+
 ALL_ARCHS = ("gfx942", "gfx950")
 LIB_NAME = "libqbackend_rocm.so"
 SOURCES = ("quantize.hip", "build_info.hip")
@@ -28,49 +30,10 @@ KERNEL_FLAGS = ("-std=c++17", "-O3", "-ffp-contract=off", "-fhip-fp32-correctly-
 BUILD_HINT = ("qbackend build --rocm  (needs ROCm's hipcc: on the PATH, or in $ROCM_PATH/bin or "
               "/opt/rocm/bin)")
 
-HERE = Path(__file__).resolve().parent
-
-
-class BuildError(RuntimeError):
-    """A build that cannot start or failed; the message says what to do."""
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "qbackend"
-
-
-def in_checkout() -> bool:
-    return HERE.name == "providers" and (HERE.parent / "csrc_rocm" / "quantize.hip").exists()
-
-
-def source_dir() -> Path:
-    """csrc_rocm/ of the checkout, or the copy a wheel carries."""
-    if in_checkout():
-        return HERE.parent / "csrc_rocm"
-    shipped = HERE / "csrc_rocm"
-    if (shipped / "quantize.hip").exists():
-        return shipped
-    raise BuildError(f"the ROCm sources are not part of this installation ({shipped} is missing): "
-                     "install qbackend from a wheel or a source checkout")
-
-
-def default_build_dir() -> Path:
-    return HERE.parent / "build" / "rocm" if in_checkout() else cache_dir() / "build-rocm"
-
-
-def package_lib_dir() -> Path:
-    return HERE / "_lib"
-
-
-def cache_lib_dir() -> Path:
-    return cache_dir() / "lib"
-
-
-def default_dest() -> Path:
-    """The package's _lib/ when it can be written, else the per-user cache (both are searched)."""
-    pkg = package_lib_dir()
-    return pkg if os.access(pkg if pkg.exists() else pkg.parent, os.W_OK) else cache_lib_dir()
+SOURCE_TREE = SourceTree("csrc_rocm", "quantize.hip", "ROCm", build_name="rocm", cache_build_name="build-rocm")
+in_checkout = SOURCE_TREE.in_checkout
+source_dir = SOURCE_TREE.source_dir
+default_build_dir = SOURCE_TREE.default_build_dir
 
 
 def hipcc() -> str | None:

@@ -28,7 +28,7 @@ import torch
 
 from qbackend import dtypes as qd
 
-from . import rocm_build
+from . import install_paths, rocm_build
 
 __all__ = ["STATIC_TENSOR", "DYNAMIC_TENSOR", "DYNAMIC_TOKEN", "RocmLibrary", "load", "load_error",
            "library_candidates", "relevant", "describe"]
@@ -241,8 +241,8 @@ def library_candidates() -> list:
     package's copy and the per-user cache's."""
     if os.environ.get("QBACKEND_ROCM_LIB"):
         return [("QBACKEND_ROCM_LIB", os.environ["QBACKEND_ROCM_LIB"])]
-    return [("package", str(rocm_build.package_lib_dir() / rocm_build.LIB_NAME)),
-            ("cache", str(rocm_build.cache_lib_dir() / rocm_build.LIB_NAME))]
+    return [("package", str(install_paths.package_lib_dir() / rocm_build.LIB_NAME)),
+            ("cache", str(install_paths.cache_lib_dir() / rocm_build.LIB_NAME))]
 
 
 def _found() -> tuple:

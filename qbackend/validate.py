@@ -215,26 +215,36 @@ def validate_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, group_size_: int
     gb = _scale_b_granularity(scale_b, K, N, group_size_)
 
     if bias is not None:
-        _check_tensor(fn, "bias", bias)
-        _check_same_device(fn, "bias", bias, a, "a")
-        if bias.dtype != out_dtype:
-            _fail(fn, "bias", f"dtype must equal out_dtype ({qd.dtype_name(out_dtype)})",
-                  qd.dtype_name(bias.dtype), TypeError)
-        if bias.dim() != 1 or bias.shape[0] != N:
-            _fail(fn, "bias", f"shape must be [N] = [{N}]", _shape(bias))
-        if N > 1 and bias.stride(0) != 1:
-            _fail(fn, "bias", "must be contiguous", f"stride {bias.stride(0)}")
-
-    grouped = ga is G.GROUP or gb is G.BLOCK
-    extents = ()
-    if grouped:
-        a_k = group_size(K, scale_a.shape[-1], group_size_) if ga is G.GROUP else 0
-        b_k, b_n = ((group_size(K, scale_b.shape[0], group_size_), group_size(N, scale_b.shape[1], group_size_))
-                    if gb is G.BLOCK else (0, 0))
-        extents = (a_k, b_k, b_n)
+        check_bias(fn, bias, a, out_dtype, (N,), f"[N] = [{N}]")
+    group, extents = scale_extents(ga, gb, scale_a, scale_b, K, N, group_size_)
     return Problem(Op.SCALED_MM, a.dtype, b.dtype, out_dtype, ga, gb, bias is not None,
-                   alignment(K), alignment(N), group=group_size_ if grouped else 0, group_extents=extents,
-                   accumulate=accumulate)
+                   alignment(K), alignment(N), group=group, group_extents=extents, accumulate=accumulate)
+
+
+def check_bias(fn: str, bias: torch.Tensor, a: torch.Tensor, out_dtype: torch.dtype, shape: tuple, rule: str):
+    """A bias in out_dtype on a's device, of `shape` (`rule` says it to the user), contiguous along N
+    (its last dim): the kernels read it as N consecutive values."""
+    _check_tensor(fn, "bias", bias)
+    _check_same_device(fn, "bias", bias, a, "a")
+    if bias.dtype != out_dtype:
+        _fail(fn, "bias", f"dtype must equal out_dtype ({qd.dtype_name(out_dtype)})",
+              qd.dtype_name(bias.dtype), TypeError)
+    if tuple(bias.shape) != shape:
+        _fail(fn, "bias", f"shape must be {rule}", _shape(bias))
+    if shape[-1] > 1 and bias.stride(-1) != 1:
+        _fail(fn, "bias", "must be contiguous along N", f"strides {tuple(bias.stride())}")
+
+
+def scale_extents(ga, gb, scale_a: torch.Tensor, scale_b: torch.Tensor, K: int, N: int, group_size_) -> tuple:
+    """(group, group_extents) of a Problem: for 1 x g activation groups or g x g weight blocks, the
+    group size and the (a_k, b_k, b_n) extents the scales imply; (0, ()) for the other scales. The
+    weight's block counts are the last two dims of scale_b ([K/g, N/g], or [G, K/g, N/g] grouped)."""
+    if ga is not G.GROUP and gb is not G.BLOCK:
+        return 0, ()
+    a_k = group_size(K, scale_a.shape[-1], group_size_) if ga is G.GROUP else 0
+    b_k, b_n = ((group_size(K, scale_b.shape[-2], group_size_), group_size(N, scale_b.shape[-1], group_size_))
+                if gb is G.BLOCK else (0, 0))
+    return group_size_, (a_k, b_k, b_n)
 
 
 def _check_positive_finite(fn: str, arg: str, s: torch.Tensor):

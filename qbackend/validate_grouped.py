@@ -16,7 +16,9 @@ from .validate import (
     _check_tensor,
     _fail,
     _shape,
+    check_bias,
     check_out_dtype,
+    scale_extents,
 )
 
 FN = "grouped_scaled_mm"
@@ -142,22 +144,7 @@ def validate_grouped_scaled_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias,
     gb = _scale_b_granularity(scale_b, groups, K, N, group_size_)
 
     if bias is not None:
-        _check_tensor(FN, "bias", bias)
-        _check_same_device(FN, "bias", bias, a, "a")
-        if bias.dtype != out_dtype:
-            _fail(FN, "bias", f"dtype must equal out_dtype ({qd.dtype_name(out_dtype)})",
-                  qd.dtype_name(bias.dtype), TypeError)
-        if tuple(bias.shape) != (groups, N):
-            _fail(FN, "bias", f"shape must be [G, N] = [{groups}, {N}] (one bias per group)", _shape(bias))
-        if N > 1 and bias.stride(1) != 1:
-            _fail(FN, "bias", "must be contiguous along N", f"strides {tuple(bias.stride())}")
-
-    grouped = ga is G.GROUP or gb is G.BLOCK
-    extents = ()
-    if grouped:
-        a_k = group_size(K, scale_a.shape[-1], group_size_) if ga is G.GROUP else 0
-        b_k, b_n = ((group_size(K, scale_b.shape[1], group_size_), group_size(N, scale_b.shape[2], group_size_))
-                    if gb is G.BLOCK else (0, 0))
-        extents = (a_k, b_k, b_n)
+        check_bias(FN, bias, a, out_dtype, (groups, N), f"[G, N] = [{groups}, {N}] (one bias per group)")
+    group, extents = scale_extents(ga, gb, scale_a, scale_b, K, N, group_size_)
     return Problem(Op.GROUPED_SCALED_MM, a.dtype, b.dtype, out_dtype, ga, gb, bias is not None,
-                   alignment(K), alignment(N), group=group_size_ if grouped else 0, group_extents=extents)
+                   alignment(K), alignment(N), group=group, group_extents=extents)

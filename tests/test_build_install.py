@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from qbackend import cli
-from qbackend_providers import cuda_build, native
+from qbackend_providers import cuda_build, install_paths, native
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +88,7 @@ def test_arch_lists_are_read_leniently_and_checked():
 def lib_dirs(tmp_path, clean_env):
     pkg, cache = tmp_path / "pkg" / "_lib", tmp_path / "cache"
     pkg.parent.mkdir()
-    clean_env.setattr(cuda_build, "package_lib_dir", lambda: pkg)
+    clean_env.setattr(install_paths, "package_lib_dir", lambda: pkg)
     clean_env.setenv("XDG_CACHE_HOME", str(cache))
     return pkg, cache / "qbackend" / "lib"
 
