@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qgroup|block|accumulate|qsweep|bench|qbackend_bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
+#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qgroup|block|moe|accumulate|qsweep|bench|qbackend_bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -62,6 +62,8 @@ for step in $steps; do
         --json "$OUT/qbackend_bench_h200.json" --png "$OUT/qbackend_bench_h200.png" 2>&1 | tee "$OUT/qbackend_bench_h200.txt" ;;
     block)  # block-scaled FP8: qbackend against torch's cuBLASLt blockwise, Triton and bf16 (issue grid)
       timeout 560 python3 bench/bench_block_fp8.py --out "$OUT/block_fp8_h200.json" 2>&1 | grep -v Warning ;;
+    moe)  # MoE expert layers as one grouped GEMM: qbackend against torch's grouped GEMMs and a per-expert loop (issue 38)
+      timeout 450 python3 bench/bench_moe.py --out "$OUT" ${MOE_ARGS:-} 2>&1 | grep --line-buffered -v Warning ;;
     qgroup)  # per-token-group (1 x 128) quantize against torch.compile, after its GPU test
       timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_quantize_group.py 2>&1 | tail -3
       timeout 150 python3 bench/bench_quantize.py --granularity group --out "$OUT/quantize_group_h200.json" 2>&1 ;;

@@ -47,12 +47,14 @@ def dequant_grouped_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias, problem
 
 
 def scaled_grouped_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias, problem):
-    """torch._scaled_grouped_mm: scale_a as [M] and scale_b as [G, N], both contiguous fp32."""
+    """torch._scaled_grouped_mm: scale_a as [M] and scale_b as [G, N], both contiguous fp32; fast
+    accumulation as scaled_mm's default (accumulate="fast") has it."""
     M = a.shape[0]
     groups, _, N = b.shape
     sa = scale_a.float().reshape(-1).expand(M).contiguous()
     sb = scale_b.float().reshape(-1, 1).expand(groups, N) if problem.scale_b is G.TENSOR else scale_b
-    out = torch._scaled_grouped_mm(a, b, sa, sb.float().contiguous(), offs=offsets, out_dtype=torch.bfloat16)
+    out = torch._scaled_grouped_mm(a, b, sa, sb.float().contiguous(), offs=offsets, out_dtype=torch.bfloat16,
+                                   use_fast_accum=problem.accumulate == "fast")
     return add_bias(out, bias, offsets, out_dtype)
 
 

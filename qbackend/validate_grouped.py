@@ -63,7 +63,7 @@ def _scale_a_granularity(scale_a: torch.Tensor, M: int, K: int, g: int) -> G:
 
 def _scale_b_granularity(scale_b: torch.Tensor, groups: int, K: int, N: int, g: int) -> G:
     shape = tuple(int(d) for d in scale_b.shape)
-    if shape in ((), (1,), (groups,), (groups, 1)):
+    if shape in ((), (1,), (groups,), (groups, 1), (groups, 1, 1)):  # [G, 1, 1]: one block covers K and N
         return G.TENSOR
     if shape == (groups, N):
         return G.CHANNEL

@@ -114,6 +114,14 @@ def test_each_group_uses_its_own_weight(gen):
     assert torch.equal(out[8:], out2[8:])
 
 
+def test_one_block_per_group_is_a_per_group_scale(gen):
+    """scale_b [G, 1, 1] (the block form when K and N fit one 128 x 128 block) is one scale per group."""
+    a, b, sa, sb, offsets, _ = operands(gen, [3, 0, 5], K=128, N=96, family="tensor")
+    sb = rand_scale((3,), gen)
+    blocks = qbackend.grouped_scaled_mm(a, b, sa, sb.reshape(3, 1, 1), offsets, out_dtype=torch.float32)
+    assert torch.equal(blocks, qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, out_dtype=torch.float32))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_no_tokens(gen, family):
     a, b, sa, sb, offsets, _ = operands(gen, [0] * 8, family=family)
