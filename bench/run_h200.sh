@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qgroup|block|moe|accumulate|qsweep|bench|qbackend_bench|mbench|e2e|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
+#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qgroup|block|moe|accumulate|qsweep|bench|qbackend_bench|mbench|e2e|e2e_moe|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -48,6 +48,8 @@ for step in $steps; do
       QBACKEND_MINILM_DIR=${QBACKEND_MINILM_DIR:-.carry/minilm16} timeout 300 python3 -m pytest -q -p no:cacheprovider -s -k cuda tests/test_minilm_accuracy.py 2>&1 | grep -E "cosine|passed|failed|Error" ;;
     e2e)
       timeout 500 python3 bench/bench_e2e.py --compile --out "$OUT/e2e_h200.json" 2>&1 | grep -v Warning | tail -60 ;;
+    e2e_moe)  # the Qwen3-30B-A3B-shaped MoE decoder, bf16 (torch._grouped_mm) against fp8 (QuantMoE), issue 38
+      timeout 450 python3 bench/bench_e2e.py --model moe --out "$OUT/e2e_moe_h200.json" ${E2E_MOE_ARGS:-} 2>&1 | grep -v Warning | tail -60 ;;
     tune)
       timeout 220 python3 bench/bench_scaled_mm.py --tune --ms ${TUNE_MS:-1,16,32,64,128,256,1024,4096,8192} --shapes ${TUNE_SHAPES:-4096:4096,6144:4096,28672:4096,4096:14336,8192:8192,57344:8192} --configs "${TUNE_CONFIGS:-}" --out "$OUT/tune.json" 2>&1 | grep -v "^  " ;;
     ab)  # interleaved A/B of the dispatcher's choice against forced configs, M >= 64
