@@ -15,7 +15,7 @@ from .formats import CheckpointError, load_checkpoint, load_gguf, load_moe, load
 from .fp8 import native_fp8_dtype, to_fnuz
 from .hookspecs import hookimpl
 from .moe import moe_align
-from .nn import QuantLinear, QuantMoE, calibrate, calibration, quantize_model
+from .nn import QuantLinear, QuantMoE, Routing, calibrate, calibration, quantize_model
 from .probe import DeviceInfo, device_info
 from .problem import PROBLEM_KINDS, Granularity, Op, Problem, Verdict
 from .provider import Declined, Provider, Rule
@@ -30,5 +30,6 @@ __all__ = ["scaled_mm", "grouped_scaled_mm", "moe_align", "quantize", "dequantiz
            "select", "explain", "selection_table",
            "device_info", "DeviceInfo", "Provider", "Declined", "Rule", "Problem", "Verdict", "Granularity",
            "Op", "PROBLEM_KINDS", "NoProviderError", "hookimpl", "native_fp8_dtype", "to_fnuz",
-           "QuantLinear", "QuantMoE", "load_moe", "quantize_model", "calibrate", "calibration", "load_checkpoint",
+           "QuantLinear", "QuantMoE", "Routing", "load_moe", "quantize_model", "calibrate", "calibration",
+           "load_checkpoint",
            "load_quantized", "load_gguf", "save_quantized", "convert_checkpoint", "CheckpointError"]

@@ -3,6 +3,8 @@ every provider that serves here, and FP8 MoE checkpoints (Qwen3-MoE / Mixtral / 
 loading into QuantMoE."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,7 +13,7 @@ from test_checkpoints import _ct_config, write_folder
 import qbackend
 from qbackend import registry
 from qbackend.formats import CheckpointError, load_moe
-from qbackend.nn import QuantizedWeight, QuantMoE
+from qbackend.nn import QuantizedWeight, QuantMoE, Routing
 from qbackend.nn.schemes import SCHEMES
 
 E, H, INTER, TOP_K = 8, 128, 256, 2
@@ -142,6 +144,70 @@ def test_quant_moe_compiles_fullgraph(gen):
     torch.testing.assert_close(compiled(x), moe(x), rtol=0, atol=0)
 
 
+# -------------------------------------------------------------------------------------- routing
+
+def deepseek_route(logits, bias, top_k, n_group, topk_group, renormalize, scaling, group_score):
+    """DeepSeek's routing token by token in Python lists: the groups ranked, the eligible experts
+    ranked by their biased scores, the weights from the unbiased ones."""
+    ids_out, weights_out = [], []
+    for row in logits.tolist():
+        scores = [1 / (1 + torch.tensor(v).neg().exp().item()) for v in row]
+        biased = [s + b for s, b in zip(scores, bias.tolist())]
+        size = len(row) // n_group
+        groups = [sorted(biased[g * size:(g + 1) * size], reverse=True) for g in range(n_group)]
+        rank = [sum(g[:2]) if group_score == "top2_sum" else g[0] for g in groups]
+        eligible = sorted(range(n_group), key=lambda g: -rank[g])[:topk_group]
+        experts = [e for g in eligible for e in range(g * size, (g + 1) * size)]
+        chosen = sorted(experts, key=lambda e: -biased[e])[:top_k]
+        w = [scores[e] for e in chosen]
+        if renormalize:
+            w = [v / sum(w) for v in w]
+        ids_out.append(chosen)
+        weights_out.append([v * scaling for v in w])
+    return torch.tensor(weights_out), torch.tensor(ids_out)
+
+
+@pytest.mark.parametrize("group_score", ["top2_sum", "max"])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_deepseek_routing_against_token_loop(gen, group_score, renormalize):
+    experts, hidden, top_k = 32, 64, 6
+    routing = Routing(scoring="sigmoid", renormalize=renormalize, n_group=8, topk_group=3,
+                      group_score=group_score, scaling=2.5)
+    router, w_gate, w_up, w_down = float_experts(gen, experts, hidden, 128)
+    bias = torch.randn(experts, generator=gen) * 0.5
+    moe = QuantMoE.from_float(router, w_gate, w_up, w_down, top_k, routing=routing, score_bias=bias)
+    x = torch.randn(50, hidden, generator=gen)
+    weights, ids = moe.route(x)
+    ref_w, ref_ids = deepseek_route(x @ router.t(), bias, top_k, 8, 3, renormalize, 2.5, group_score)
+    # Same experts in the same order (distinct random scores: no ties), same weights.
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
+    # Each token's experts come from at most topk_group groups.
+    assert int((ids // (experts // 8)).sort(dim=1).values.diff(dim=1).ne(0).sum(dim=1).max()) + 1 <= 3
+    # The bias moves the choice, not the weights: a large bias on expert 0 puts it in every row
+    # with its unbiased sigmoid weight.
+    big = bias.clone()
+    big[0] = 100.0
+    moe_big = QuantMoE.from_float(router, w_gate, w_up, w_down, top_k, routing=routing, score_bias=big)
+    w_big, ids_big = moe_big.route(x)
+    assert bool((ids_big == 0).any(dim=1).all())
+    ref_w, ref_ids = deepseek_route(x @ router.t(), big, top_k, 8, 3, renormalize, 2.5, group_score)
+    assert torch.equal(ids_big, ref_ids)
+    torch.testing.assert_close(w_big, ref_w, rtol=1e-5, atol=1e-6)
+
+
+def test_routing_errors(gen):
+    router, w_gate, w_up, w_down = float_experts(gen)
+    with pytest.raises(ValueError, match="scoring must be 'softmax' or 'sigmoid'"):
+        Routing(scoring="relu")
+    with pytest.raises(ValueError, match="topk_group <= n_group"):
+        Routing(n_group=2, topk_group=3)
+    with pytest.raises(ValueError, match="8 experts in n_group=4 groups of which topk_group=1 are eligible"):
+        QuantMoE.from_float(router, w_gate, w_up, w_down, 3, routing=Routing(n_group=4, topk_group=1))
+    with pytest.raises(ValueError, match=r"score_bias: shape must be \[E\] = \[8\]"):
+        QuantMoE.from_float(router, w_gate, w_up, w_down, 2, score_bias=torch.zeros(7))
+
+
 # ---------------------------------------------------------------------------------- checkpoints
 
 def expert_tensors(gen, prefix, scheme, names=("gate_proj", "up_proj", "down_proj"), scale_name="weight_scale"):
@@ -205,3 +271,40 @@ def test_moe_checkpoint_errors(tmp_path, gen):
     with pytest.raises(CheckpointError, match="no quantized expert layers other.experts"):
         load_moe(write_folder(tmp_path / "ok", expert_tensors(gen, prefix, "fp8_dynamic_tensor")[0], config),
                  "other", TOP_K)
+
+
+def test_deepseek_v3_checkpoint_routing(tmp_path, gen):
+    """config.json's routing keys and the router's e_score_correction_bias reach the block."""
+    prefix = "model.layers.3.mlp"
+    config, scheme, names, scale_name = CHECKPOINTS["deepseek_v3_block"]
+    tensors, _ = expert_tensors(gen, prefix, scheme, names, scale_name)
+    bias = torch.randn(E, generator=gen)
+    tensors[f"{prefix}.gate.e_score_correction_bias"] = bias
+    folder = write_folder(tmp_path / "v3", tensors, config)
+    model_config = json.loads((folder / "config.json").read_text())
+    model_config.update(num_experts_per_tok=3, scoring_func="sigmoid", topk_method="noaux_tc", n_group=4,
+                        topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5)
+    (folder / "config.json").write_text(json.dumps(model_config))
+    moe = load_moe(folder, prefix)
+    assert moe.top_k == 3 and torch.equal(moe.score_bias, bias)
+    assert moe.routing == Routing(scoring="sigmoid", renormalize=True, n_group=4, topk_group=2, scaling=2.5)
+    x = torch.randn(20, H, generator=gen)
+    weights, ids = moe.route(x)
+    ref_w, ref_ids = deepseek_route(x @ moe.router_weight.float().t(), bias, 3, 4, 2, True, 2.5, "top2_sum")
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
+    # Qwen2-MoE style: norm_topk_prob false; the argument overrides config.json.
+    model_config = {"model_type": "toy", "quantization_config": config, "num_experts_per_tok": 2,
+                    "norm_topk_prob": False}
+    (folder / "config.json").write_text(json.dumps(model_config))
+    assert load_moe(folder, prefix).routing == Routing(renormalize=False)
+    assert load_moe(folder, prefix, renormalize=True).routing == Routing(renormalize=True)
+    for key, value, rule in [("scoring_func", "sqrtsoftplus", "scoring_func 'sqrtsoftplus' is not supported"),
+                             ("topk_method", "top_p", "topk_method 'top_p' is not supported")]:
+        (folder / "config.json").write_text(json.dumps({**model_config, key: value}))
+        with pytest.raises(CheckpointError, match=rule):
+            load_moe(folder, prefix)
+    del model_config["num_experts_per_tok"]
+    (folder / "config.json").write_text(json.dumps(model_config))
+    with pytest.raises(CheckpointError, match="no num_experts_per_tok: pass top_k"):
+        load_moe(folder, prefix)
