@@ -10,6 +10,13 @@ Block-scaled FP8 (1 x 128 activation groups, 128 x 128 weight blocks, DeepSeek-s
 sums are scaled and added into a second fp32 accumulator. Scales are read as scaled_mm receives
 them ([M, Kb] and [Kb, Nb], the prepared layout), the last group or block may be partial.
 
+Grouped FP8 (the expert layers of a mixture of experts, grouped_scaled_mm) runs the sm_89 family's
+mma.sync kernels (natively on Ada, through their PTX on newer GPUs), each CTA finding its group from
+the offsets on the device: no host sync, capturable in CUDA graphs. Block scales by default from
+sm_89 up (the torch provider has no grouped blockwise op and would dequantize every expert per
+call); per-token / per-channel scales by default on sm_89, where torch has no grouped FP8 GEMM (on
+sm_90 torch._scaled_grouped_mm serves them; forcing cutlass runs these kernels there too).
+
 QBACKEND_CUTLASS_VARIANT=90|89|80|75 forces a kernel family (for verifying the PTX-embedded older
 families on a newer chip); unset, the library picks the best family built for the device.
 """
@@ -91,6 +98,10 @@ def _int8_variants(sm: int) -> tuple:
     return (90, 80, 75) if sm == 90 else (80, 75) if sm >= 80 else (75,)
 
 
+def _sm89_only(sm: int) -> tuple:
+    return (89,)
+
+
 def _sm90_only(sm: int) -> tuple:
     return (90,)
 
@@ -116,7 +127,7 @@ class CutlassProvider(Provider):
         super().__init__(
             name="cutlass", priority=100,
             description="CUTLASS W8A8 GEMMs (fp8 and block-scaled fp8 on sm_89+, int8 on sm_75+, W8A16 "
-                        "on sm_90), CUDA quantize kernels",
+                        "on sm_90), grouped fp8 GEMMs (MoE) on sm_89+, CUDA quantize kernels",
             rules=(
                 # The sm_89 and sm_90a FP8 families use CUTLASS's fast-accumulation mainloops; on
                 # sm_90 the plain-mainloop family promotes partial sums into fp32 (accumulate="precise").
@@ -133,6 +144,12 @@ class CutlassProvider(Provider):
                 Rule(Op.SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), granularities("group"),
                      granularities("block"), _HALF_OUT, min_sm=89, k_align=16, n_align=8,
                      why_arch="fp8 tensor cores"),
+                Rule(Op.GROUPED_SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), granularities("group"),
+                     granularities("block"), _HALF_OUT, min_sm=89, k_align=16, n_align=8,
+                     why_arch="fp8 tensor cores"),
+                Rule(Op.GROUPED_SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), scales_a, scales_b, _HALF_OUT,
+                     min_sm=89, max_sm=89, forceable_max_sm=120, k_align=16, n_align=8,
+                     why_arch="fp8 tensor cores; on newer GPUs torch._scaled_grouped_mm", fast_accumulation=True),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("tensor"), min_sm=75, n_align=16),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("token"), min_sm=75, n_align=16,
                      static=frozenset({False})),
@@ -146,6 +163,8 @@ class CutlassProvider(Provider):
         """The library's op name for a problem, and the kernel families that can serve it."""
         if problem.op is Op.QUANTIZE:
             return ("quantize_group" if problem.scale_a is Granularity.GROUP else "quantize"), ()
+        if problem.op is Op.GROUPED_SCALED_MM:
+            return "grouped_scaled_mm_fp8", _sm89_only
         if problem.a_dtype in (torch.bfloat16, torch.float16):
             return "scaled_mm_w8a16", _sm90_only
         if problem.scale_b is Granularity.BLOCK:
@@ -161,7 +180,7 @@ class CutlassProvider(Provider):
                 and problem.out_dtype != problem.a_dtype):
             return Verdict(False, "W8A16 writes its output in the activation dtype "
                                   f"({qd.dtype_name(problem.a_dtype)}), not {qd.dtype_name(problem.out_dtype)}")
-        if problem.scale_b is Granularity.BLOCK and problem.op is Op.SCALED_MM:
+        if problem.scale_b is Granularity.BLOCK:
             why = _block_mismatch(problem)
             if why is not None:
                 return Verdict(False, why)
@@ -173,7 +192,7 @@ class CutlassProvider(Provider):
             return Verdict(False, f"native library not available: {native.load_error()}")
         if op.startswith("quantize"):
             return None if native.has_variant(op, 0) else Verdict(False, f"library built without {op} kernels")
-        wanted = (self.variant,) if self.variant else variants_for(device.sm)
+        wanted = (self.variant,) if self.variant and op != "grouped_scaled_mm_fp8" else variants_for(device.sm)
         if not any(native.has_variant(op, v) for v in wanted):
             return Verdict(False, f"library has no {op} kernels for {device.arch} "
                                   f"(families {', '.join(f'sm_{v}' for v in wanted)} not built)")
@@ -232,6 +251,42 @@ class CutlassProvider(Provider):
         native.scaled_mm(a, b, scale_a, scale_b, bias, out, variant=variant)
         return out[:M] if rows != M else out
 
+    def grouped_scaled_mm(self, a, b, scale_a, scale_b, offsets, out_dtype, bias, problem):
+        M, (G, _, N) = a.shape[0], b.shape
+        block = problem.scale_b is Granularity.BLOCK
+        if block:
+            scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
+        else:
+            # The kernels read scale_a as 1 or M values and scale_b as G (one per group) or [G, N].
+            scale_a = scale_a.reshape(-1).contiguous()
+            scale_b = (scale_b.reshape(-1).expand(G) if scale_b.numel() == 1 else scale_b.reshape(G, -1)).contiguous()
+        out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+        return native.grouped_scaled_mm(a, b, scale_a, scale_b, offsets.contiguous(),
+                                        None if bias is None else bias.contiguous(), out, block=block)
+
+    def _token_storage_rows(self, M: int, dtype, device) -> int:
+        """FP8 activations for the sm_90a GEMM get storage for whole token tiles (rows past M left
+        unwritten), so that the GEMM can run on whole tiles (native.token_rows)."""
+        rows = native.token_rows(M) if dtype == qd.E4M3 else M
+        return M if rows != M and self._sm90(device) is None else rows
+
+    def quantize_gather(self, x, index, dtype, granularity, group_size, problem):
+        """quantize(x[index]) in one kernel (token or group granularity); None where this library
+        predates it, and the caller gathers first."""
+        if not native.has_quantize_gather() or (x.stride(1) != 1 and x.shape[1] > 1):
+            return None
+        M, K = index.numel(), x.shape[1]
+        if granularity == "group":
+            q = torch.empty((M, K), dtype=dtype, device=x.device)
+            scale = torch.empty((M, -(-K // group_size)), dtype=torch.float32, device=x.device)
+            native.quantize_gather(x, index, q, scale, group_size)
+            return q, scale
+        rows = self._token_storage_rows(M, dtype, x.device)
+        q = torch.empty((rows, K), dtype=dtype, device=x.device)[:M]
+        scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)[:M]
+        native.quantize_gather(x, index, q, scale.view(-1), 0)
+        return q, scale
+
     def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         M = x2.shape[0]
@@ -242,11 +297,7 @@ class CutlassProvider(Provider):
             out_scale = torch.empty((M, groups), dtype=torch.float32, device=x.device)
             native.quantize_group(x2, q, out_scale, group_size)
             return q.reshape(x.shape), out_scale.reshape(x.shape[:-1] + (groups,))
-        # FP8 activations for the sm_90a GEMM get storage for whole token tiles (rows past M left
-        # unwritten), so that the GEMM can run on whole tiles (native.token_rows).
-        rows = native.token_rows(M) if dtype == qd.E4M3 else M
-        if rows != M and self._sm90(x.device) is None:
-            rows = M
+        rows = self._token_storage_rows(M, dtype, x.device)
         q = torch.empty((rows, x2.shape[1]), dtype=dtype, device=x.device)[:M]
         workspace = None
         if scale is not None:

@@ -114,6 +114,16 @@ def _bind(lib) -> None:
     if hasattr(lib, "qb_scaled_mm_token_rows"):  # libraries built before it lack it: no whole tiles then
         lib.qb_scaled_mm_token_rows.argtypes = [i64, i64, i64, ip, ip, ip, i64]
         lib.qb_scaled_mm_token_rows.restype = i64
+    if hasattr(lib, "qb_grouped_scaled_mm"):  # absent from libraries built before it
+        lib.qb_grouped_scaled_mm.argtypes = [vp, i64, vp, i64, i64, vp, i64, vp, i64, i64, i64, i64, ip, ip, ip,
+                                             fp, ip, fp, ip, vp, ip, vp, c.c_char_p, sz]
+        lib.qb_grouped_scaled_mm.restype = ip
+        lib.qb_grouped_scaled_mm_config_count.argtypes = [ip]
+        lib.qb_grouped_scaled_mm_config_count.restype = ip
+        lib.qb_grouped_scaled_mm_config_name.argtypes = [ip, ip]
+        lib.qb_grouped_scaled_mm_config_name.restype = c.c_char_p
+        lib.qb_grouped_scaled_mm_override.argtypes = [ip]
+        lib.qb_grouped_scaled_mm_override.restype = None
     lib.qb_set_programmatic_launch.argtypes = [ip]
     lib.qb_set_programmatic_launch.restype = None
     lib.qb_quantize.argtypes = [vp, i64, vp, i64, fp, i64, i64, ip, ip, ip, fp, vp, vp, c.c_char_p, sz]
@@ -121,6 +131,10 @@ def _bind(lib) -> None:
     if hasattr(lib, "qb_quantize_group"):  # absent from libraries built before it
         lib.qb_quantize_group.argtypes = [vp, i64, vp, i64, fp, i64, i64, i64, i64, ip, ip, vp, c.c_char_p, sz]
         lib.qb_quantize_group.restype = ip
+    if hasattr(lib, "qb_quantize_gather"):  # absent from libraries built before it
+        lib.qb_quantize_gather.argtypes = [vp, i64, i64, vp, vp, i64, fp, i64, i64, i64, i64, ip, ip, vp,
+                                           c.c_char_p, sz]
+        lib.qb_quantize_gather.restype = ip
     lib.qb_quantize_workspace_size.argtypes = [i64, i64, ip]
     lib.qb_quantize_workspace_size.restype = sz
     lib.qb_quantize_override.argtypes = [ip, ip]
@@ -341,6 +355,79 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None, sc
     return out
 
 
+def grouped_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                      offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                      block: bool = False, variant: int = 0) -> torch.Tensor:
+    """Group g's rows offsets[g-1]:offsets[g] of out = scaled_mm of those rows of a with b[g]
+    (qb_grouped_scaled_mm), written into the preallocated `out`; offsets are never read here.
+
+    a: [M, K] e4m3fn, unit column stride; b: [G, K, N] e4m3fn, column-major per group; out: [M, N]
+    bf16/fp16, unit column stride; offsets: int32 [G] contiguous; bias: None or contiguous [G, N]
+    in out's dtype. Scales, contiguous fp32: block=False: scale_a 1 or M values, scale_b G values (one
+    per group) or [G, N]; block=True: scale_a [M, ceil(K/128)], scale_b [G, ceil(K/128), ceil(N/128)].
+    """
+    lib = _need()
+    if not hasattr(lib, "qb_grouped_scaled_mm"):
+        raise RuntimeError(f"{library_path()} predates qb_grouped_scaled_mm: rebuild csrc_cuda")
+    M, K = a.shape
+    G, _, N = b.shape
+    if (a.stride(1) != 1 and K > 1) or (b.stride(1) != 1 and K > 1) or (out.stride(1) != 1 and N > 1):
+        raise ValueError(f"grouped_scaled_mm: a, out need unit column stride and b unit stride along K, got "
+                         f"{tuple(a.stride())}, {tuple(out.stride())}, {tuple(b.stride())}")
+    if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
+        raise TypeError("grouped_scaled_mm: scale_a and scale_b must be float32")
+    if not (scale_a.is_contiguous() and scale_b.is_contiguous() and offsets.is_contiguous()):
+        raise ValueError("grouped_scaled_mm: scales and offsets must be contiguous")
+    if block:
+        kb, nb = -(-K // 128), -(-N // 128)
+        shapes = {"scale_a": (scale_a, (M, kb)), "scale_b": (scale_b, (G, kb, nb))}
+        for name, (t, shape) in shapes.items():
+            if tuple(t.shape) != shape:
+                raise ValueError(f"grouped_scaled_mm: block scaling needs {name} {list(shape)}, got {list(t.shape)}")
+        kind_a = kind_b = _SCALE_BLOCK
+    else:
+        if scale_a.numel() not in (1, M) or scale_b.numel() not in (G, G * N):
+            raise ValueError(f"grouped_scaled_mm: scale_a needs 1 or M={M} values (got {scale_a.numel()}), "
+                             f"scale_b G={G} or G*N={G * N} (got {scale_b.numel()})")
+        kind_a = _SCALE_ROW if scale_a.numel() == M and M > 1 else _SCALE_TENSOR
+        kind_b = _SCALE_ROW if scale_b.numel() == G * N and N > 1 else _SCALE_TENSOR
+    if bias is not None and (tuple(bias.shape) != (G, N) or not bias.is_contiguous() or bias.dtype != out.dtype):
+        raise ValueError(f"grouped_scaled_mm: bias must be a contiguous [{G}, {N}] tensor of {out.dtype}")
+    if offsets.dtype != torch.int32 or offsets.numel() != G:
+        raise ValueError(f"grouped_scaled_mm: offsets must be int32 [{G}]")
+    if M == 0:
+        return out
+    lda = a.stride(0) if M > 1 else K
+    ldo = out.stride(0) if M > 1 else N
+    ldb = b.stride(2) if N > 1 else K
+    ldb_group = b.stride(0) if G > 1 else N * ldb
+    with _on_device(a.device) as dev:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        buf = _errbuf()
+        st = lib.qb_grouped_scaled_mm(a.data_ptr(), lda, b.data_ptr(), ldb, ldb_group, out.data_ptr(), ldo,
+                                      offsets.data_ptr(), M, N, K, G, _code(a, "a"), _code(b, "b"),
+                                      _code(out, "out"), scale_a.data_ptr(), kind_a, scale_b.data_ptr(), kind_b,
+                                      bias.data_ptr() if bias is not None else None, int(variant), stream,
+                                      buf, _ERR_LEN)
+    if st:
+        _raise("qb_grouped_scaled_mm", st, buf)
+    return out
+
+
+def grouped_config_names(variant: int = 89) -> list[str]:
+    """Tests: the grouped family's configs, index = config id for grouped_override()."""
+    lib = _need()
+    if not hasattr(lib, "qb_grouped_scaled_mm_config_count"):
+        return []
+    return [lib.qb_grouped_scaled_mm_config_name(variant, i).decode()
+            for i in range(lib.qb_grouped_scaled_mm_config_count(variant))]
+
+
+def grouped_override(config: int = -1) -> None:
+    """Tests: force a grouped config for this thread's later grouped calls (-1: automatic)."""
+    _need().qb_grouped_scaled_mm_override(int(config))
+
+
 def quantize_workspace_size(rows: int, cols: int, mode: int) -> int:
     return int(_need().qb_quantize_workspace_size(rows, cols, mode))
 
@@ -419,6 +506,55 @@ def quantize_group(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, grou
                                    int(group), _code(x2d, "x"), _code(q, "q"), stream, buf, _ERR_LEN)
     if st:
         _raise("qb_quantize_group", st, buf)
+
+
+def has_quantize_gather() -> bool:
+    """Whether the loaded library has qb_quantize_gather (libraries built before it do not)."""
+    return hasattr(_need(), "qb_quantize_gather")
+
+
+def quantize_gather(x2d: torch.Tensor, index: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                    group: int) -> None:
+    """Row r of q (and of scale) is the dynamic quantize of row index[r] of x2d: per token (group 0,
+    scale [rows] contiguous) or per token group (scale [rows, ceil(cols / group)], unit column
+    stride). An index outside [0, x2d.shape[0]) gives that row NaN scales (no host check).
+
+    x2d: [x_rows, cols] f32/f16/bf16 with unit column stride; index: [rows] int64 on x2d's device;
+    q: [rows, cols] e4m3fn/e5m2/int8 with unit column stride.
+    """
+    lib = _need()
+    if not hasattr(lib, "qb_quantize_gather"):
+        raise RuntimeError("quantize_gather: this libqbackend_cuda predates qb_quantize_gather; rebuild it "
+                           "(`qbackend build`)")
+    if not isinstance(group, int) or group < 0:
+        raise ValueError(f"quantize_gather: group must be an int >= 0 (0: per token), got {group!r}")
+    if index.dtype != torch.int64 or index.dim() != 1 or index.device != x2d.device or \
+            (index.stride(0) != 1 and index.numel() > 1):
+        raise ValueError(f"quantize_gather: index must be a contiguous 1-D int64 tensor on {x2d.device}, got "
+                         f"{index.dtype} {tuple(index.shape)} on {index.device}")
+    rows, cols = index.numel(), x2d.shape[1]
+    if x2d.stride(1) != 1 and cols > 1:
+        raise ValueError(f"quantize_gather: x must have unit column stride, got strides {tuple(x2d.stride())}")
+    if q.shape != (rows, cols) or (q.stride(1) != 1 and cols > 1):
+        raise ValueError(f"quantize_gather: q must be {(rows, cols)} with unit column stride")
+    groups = -(-cols // group) if group else 1
+    want = (rows, groups) if group else (rows,)
+    if scale.dtype != torch.float32 or tuple(scale.shape) != want or (scale.stride(-1) != 1 and groups * rows > 1):
+        raise ValueError(f"quantize_gather: scale must be fp32 {list(want)} with unit last stride, got "
+                         f"{scale.dtype} {tuple(scale.shape)} strides {tuple(scale.stride())}")
+    if rows == 0:
+        return
+    ldx = x2d.stride(0) if x2d.shape[0] > 1 else cols
+    ldq = q.stride(0) if rows > 1 else cols
+    ld_scale = (scale.stride(0) if rows > 1 else groups) if group else 1
+    with _on_device(x2d.device) as dev:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        buf = _errbuf()
+        st = lib.qb_quantize_gather(x2d.data_ptr(), ldx, x2d.shape[0], index.data_ptr(), q.data_ptr(), ldq,
+                                    scale.data_ptr(), ld_scale, rows, cols, int(group), _code(x2d, "x"),
+                                    _code(q, "q"), stream, buf, _ERR_LEN)
+    if st:
+        _raise("qb_quantize_gather", st, buf)
 
 
 def quantize_override(token_kernel: int = -1, row_vecs: int = 0) -> None:

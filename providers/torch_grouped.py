@@ -34,14 +34,26 @@ def expand_scale_b(scale_b: torch.Tensor, problem, groups: int, K: int, N: int) 
     return s.repeat_interleave(gk, 1)[:, :K].repeat_interleave(gn, 2)[:, :, :N]
 
 
+# fp32 elements of one chunk of dequantized weights (256 MB): bounds the temporaries of the
+# dequantizing path whatever the number of experts.
+_DEQUANT_CHUNK = 1 << 26
+
+
 def dequant_grouped_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias, problem, compute):
-    """Both operands dequantized to `compute` (each element rounded once), one torch._grouped_mm."""
+    """Both operands dequantized to `compute` (each element rounded once), one torch._grouped_mm.
+    Every expert's weight is dequantized on every call (offsets are not read): a fallback, not fast."""
     from .torch_fallback import dequantize_rows  # (torch_fallback imports this module)
 
     groups, K, N = b.shape
     a_dq = dequantize_rows(a, scale_a, problem, compute)
-    # fp8 and int8 values are exact in every compute dtype; the product is fp32, rounded once.
-    w = torch.mul(b.to(compute), expand_scale_b(scale_b, problem, groups, K, N)).to(compute)
+    # fp8 and int8 values are exact in every compute dtype; the product is fp32, rounded once. A few
+    # groups at a time, so that the fp32 products and expanded block scales stay small.
+    w = torch.empty_like(b, dtype=compute)
+    step = max(1, _DEQUANT_CHUNK // (K * N))
+    for g0 in range(0, groups, step):
+        g1 = min(groups, g0 + step)
+        part = scale_b if scale_b.numel() == 1 else scale_b[g0:g1]  # every other form leads with G
+        w[g0:g1] = b[g0:g1].float() * expand_scale_b(part, problem, g1 - g0, K, N)
     out = torch._grouped_mm(a_dq, w, offs=offsets)
     return add_bias(out, bias, offsets, out_dtype)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from . import dtypes as qd
+from . import ops
 from .validate import _fail
 
 
@@ -47,3 +49,20 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int):
     inverse = torch.empty_like(permutation)
     inverse.scatter_(0, permutation, torch.arange(flat.numel(), device=flat.device))
     return permutation, offsets, inverse
+
+
+def gather_quantize(x: torch.Tensor, index: torch.Tensor, dtype: torch.dtype = qd.E4M3, granularity: str = "token",
+                    group_size: int = 128):
+    """quantize(x[index], dtype, granularity, group_size=group_size) -> (q, scale), in one pass where
+    the provider has a fused kernel (the CUDA library's): a MoE layer's routed rows, quantized once
+    in expert order (index = permutation // top_k from moe_align) without materialising x[index].
+
+    x: [tokens, K] bfloat16 / float16 / float32; index: int64 or int32 [rows] on x's device.
+    granularity: "token" (scale [rows, 1]) or "group" (scale [rows, ceil(K / group_size)]).
+    The results are those of quantize on x[index], bit for bit. Index values outside [0, tokens) are
+    refused on the CPU in eager mode; on a GPU, where checking them would cost a sync, such a row's
+    scales are NaN (the device is never read out of bounds).
+    """
+    if torch.compiler.is_compiling():
+        return ops.gather_quantize_op(x, index, dtype, granularity, group_size)
+    return ops.gather_quantize_impl(x, index, dtype, granularity, group_size)

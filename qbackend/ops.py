@@ -1,9 +1,10 @@
 """torch.library ops: what torch.compile and CUDA graphs see.
 
-`qbackend::scaled_mm`, `qbackend::grouped_scaled_mm`, `qbackend::quantize` (dynamic: returns q and its new scale) and
-`qbackend::quantize_static` (returns q). Each real implementation validates, picks the provider for
-the tensors' device (a cached lookup) and calls it; each fake implementation validates and returns
-empty tensors of the right shape, so errors surface at trace time too.
+`qbackend::scaled_mm`, `qbackend::grouped_scaled_mm`, `qbackend::quantize` (dynamic: returns q and
+its new scale), `qbackend::quantize_static` (returns q) and `qbackend::gather_quantize` (a MoE layer's
+routed rows). Each real implementation validates, picks the provider for the tensors' device (a
+cached lookup) and calls it; each fake implementation validates and returns empty tensors of the
+right shape, so errors surface at trace time too.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch.library import custom_op
 from . import dtypes as qd
 from . import probe, registry
 from .validate import WeightSpec, quantize_scale_shape, validate_quantize, validate_scaled_mm
-from .validate_grouped import validate_grouped_scaled_mm
+from .validate_grouped import validate_gather_quantize, validate_grouped_scaled_mm
 from .weights import linear_impl
 
 
@@ -60,6 +61,47 @@ def quantize_impl(x, dtype, granularity, scale, scale_ub, group_size, block_size
     return registry.get().run(probe.device_info(x.device), problem,
                               lambda p: p.quantize(x, dtype, granularity, scale, scale_ub, group_size, block_size,
                                                    problem))
+
+
+def _gather_then_quantize(provider, x, index, dtype, granularity, group_size, problem):
+    """x[index] then the provider's quantize, for a provider without a fused gather. An index outside
+    [0, rows) must not fault the device: its row reads row 0 and gets NaN scales, as the fused kernel's do."""
+    safe = index.clamp(0, x.shape[0] - 1)
+    q, scale = provider.quantize(x.index_select(0, safe), dtype, granularity, None, None, group_size, (128, 128),
+                                 problem)
+    bad = (index != safe).unsqueeze(-1)
+    return q, torch.where(bad, torch.full_like(scale, float("nan")), scale)
+
+
+def gather_quantize_impl(x, index, dtype, granularity, group_size):
+    problem = validate_gather_quantize(x, index, dtype, granularity, group_size)
+    index = index.long()
+    rows, K = index.numel(), x.shape[1]
+    if rows == 0 or K == 0:
+        shape = (rows, -(-K // group_size)) if granularity == "group" else (rows, 1)
+        return (x.new_empty((rows, K), dtype=dtype),
+                x.new_full(shape, qd.min_scale(dtype), dtype=torch.float32))
+
+    def call(p):
+        fused = getattr(p, "quantize_gather", None)
+        out = fused(x, index, dtype, granularity, group_size, problem) if fused is not None else None
+        return out if out is not None else _gather_then_quantize(p, x, index, dtype, granularity, group_size,
+                                                                  problem)
+    return registry.get().run(probe.device_info(x.device), problem, call)
+
+
+@custom_op("qbackend::gather_quantize", mutates_args=())
+def gather_quantize_op(x: torch.Tensor, index: torch.Tensor, dtype: torch.dtype, granularity: str,
+                       group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return gather_quantize_impl(x, index, dtype, granularity, group_size)
+
+
+@gather_quantize_op.register_fake
+def _gather_quantize_fake(x, index, dtype, granularity, group_size):
+    validate_gather_quantize(x, index, dtype, granularity, group_size)
+    rows, K = index.shape[0], x.shape[1]
+    shape = (rows, -(-K // group_size)) if granularity == "group" else (rows, 1)
+    return x.new_empty((rows, K), dtype=dtype), x.new_empty(shape, dtype=torch.float32)
 
 
 @custom_op("qbackend::scaled_mm", mutates_args=())

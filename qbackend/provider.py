@@ -145,8 +145,10 @@ class Provider:
             misses.append((depth, reason, forceable, rule))
         if not misses:
             return Verdict(False, "declares no rules")
-        deepest = max(m[0] for m in misses)
-        closest = [m for m in misses if m[0] == deepest]
+        # A rule that forcing would run takes the problem: its reason is the one to give.
+        forceable_misses = [m for m in misses if m[2]]
+        deepest = max(m[0] for m in forceable_misses or misses)
+        closest = [m for m in forceable_misses or misses if m[0] == deepest]
         # Of rules that got as far, the one written for the device's arch explains best.
         _, reason, forceable, rule = next((m for m in closest if m[3].takes_arch(device)), closest[0])
         if not forceable and rule.archs is not None and not rule.takes_arch(device):

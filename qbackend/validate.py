@@ -272,8 +272,8 @@ def quantize_scale_shape(x: torch.Tensor, granularity: str, group: int, block: t
     return (-(-rows // block[0]), -(-cols // block[1]))
 
 
-def validate_quantize(x, dtype, granularity, scale, scale_ub, group_size_, block_size) -> Problem:
-    fn = "quantize"
+def validate_quantize(x, dtype, granularity, scale, scale_ub, group_size_, block_size, fn: str = "quantize"
+                      ) -> Problem:
     _check_tensor(fn, "x", x)
     if x.dtype not in qd.FLOAT_INPUT_DTYPES:
         _fail(fn, "x", "dtype must be bfloat16, float16 or float32", qd.dtype_name(x.dtype), TypeError)

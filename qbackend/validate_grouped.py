@@ -19,6 +19,7 @@ from .validate import (
     check_bias,
     check_out_dtype,
     scale_extents,
+    validate_quantize,
 )
 
 FN = "grouped_scaled_mm"
@@ -148,3 +149,27 @@ def validate_grouped_scaled_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias,
     group, extents = scale_extents(ga, gb, scale_a, scale_b, K, N, group_size_)
     return Problem(Op.GROUPED_SCALED_MM, a.dtype, b.dtype, out_dtype, ga, gb, bias is not None,
                    alignment(K), alignment(N), group=group, group_extents=extents)
+
+
+def validate_gather_quantize(x, index, dtype, granularity, group_size_) -> Problem:
+    """The quantize problem of x[index] (token or group granularity); index's values are checked
+    on the CPU in eager mode only (elsewhere that would be a sync: see gather_quantize)."""
+    fn = "gather_quantize"
+    _check_tensor(fn, "x", x)
+    _check_tensor(fn, "index", index)
+    if x.dim() != 2:
+        _fail(fn, "x", "must be 2-D [tokens, K]", f"rank {x.dim()}")
+    if index.dtype not in (torch.int64, torch.int32):
+        _fail(fn, "index", "dtype must be int64 or int32", qd.dtype_name(index.dtype), TypeError)
+    if index.dim() != 1:
+        _fail(fn, "index", "must be 1-D [rows]", f"rank {index.dim()}")
+    _check_same_device(fn, "index", index, x, "x")
+    if granularity not in ("token", "group"):
+        _fail(fn, "granularity", "must be 'token' or 'group'", repr(granularity))
+    if index.numel() and x.shape[0] == 0:
+        _fail(fn, "x", "must have at least one row when index is not empty", _shape(x))
+    if index.device.type == "cpu" and index.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(index.min()), int(index.max())
+        if lo < 0 or hi >= x.shape[0]:
+            _fail(fn, "index", f"values must lie in [0, x.shape[0]) = [0, {x.shape[0]})", f"values from {lo} to {hi}")
+    return validate_quantize(x, dtype, granularity, None, None, group_size_, (128, 128), fn)

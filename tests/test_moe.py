@@ -11,10 +11,11 @@ import torch.nn.functional as F
 from test_checkpoints import _ct_config, write_folder
 
 import qbackend
-from qbackend import registry
+from qbackend import ops, registry
 from qbackend.formats import CheckpointError, load_moe
 from qbackend.nn import QuantizedWeight, QuantMoE, Routing
 from qbackend.nn.schemes import SCHEMES
+from qbackend.validate_grouped import validate_gather_quantize
 
 E, H, INTER, TOP_K = 8, 128, 256, 2
 
@@ -67,6 +68,67 @@ def test_moe_align_errors(bad, exc, match):
         qbackend.moe_align(bad, 8)
     with pytest.raises(ValueError, match="num_experts: must be a positive int"):
         qbackend.moe_align(torch.zeros(2, 1, dtype=torch.int64), 0)
+
+
+# ------------------------------------------------------------------------------ gather_quantize
+
+@pytest.mark.parametrize("provider", ["reference", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8])
+@pytest.mark.parametrize("granularity, K", [("token", 200), ("group", 320), ("group", 100)])
+def test_gather_quantize_is_quantize_of_the_gathered_rows(gen, monkeypatch, provider, dtype, granularity, K):
+    monkeypatch.setenv("QBACKEND_PROVIDER", provider)
+    registry.reload()
+    x = (torch.randn(23, K, generator=gen) * 3).to(torch.bfloat16)
+    x[5, 7] = 1e4  # one row with an outlier: its scale differs from the rest
+    ids = torch.randint(0, 23, (40,), generator=gen)
+    for index in (ids, ids.int(), ids[:1], ids[:0]):
+        q, s = qbackend.gather_quantize(x, index, dtype, granularity, group_size=64)
+        q_ref, s_ref = qbackend.quantize(x[index.long()], dtype, granularity, group_size=64)
+        assert q.shape == q_ref.shape and s.shape == s_ref.shape, (q.shape, s.shape, s_ref.shape)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+    # A sliced (row-strided) x.
+    wide = torch.randn(23, 2 * K, generator=gen).to(torch.bfloat16)
+    q, s = qbackend.gather_quantize(wide[:, :K], ids, dtype, granularity, group_size=64)
+    q_ref, s_ref = qbackend.quantize(wide[:, :K][ids], dtype, granularity, group_size=64)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+
+
+def test_gather_quantize_errors_and_poison(gen):
+    x = torch.randn(6, 128, generator=gen)
+    ids = torch.tensor([0, 5, 2])
+    with pytest.raises(ValueError, match=r"gather_quantize: index: values must lie in \[0, x.shape\[0\]\) = \[0, 6\)"):
+        qbackend.gather_quantize(x, torch.tensor([0, 6]))
+    with pytest.raises(TypeError, match="gather_quantize: index: dtype must be int64 or int32"):
+        qbackend.gather_quantize(x, ids.float())
+    with pytest.raises(ValueError, match="gather_quantize: index: must be 1-D"):
+        qbackend.gather_quantize(x, ids.reshape(1, 3))
+    with pytest.raises(ValueError, match="gather_quantize: x: must be 2-D"):
+        qbackend.gather_quantize(x.reshape(2, 3, 128), ids)
+    with pytest.raises(ValueError, match="gather_quantize: granularity: must be 'token' or 'group'"):
+        qbackend.gather_quantize(x, ids, granularity="tensor")
+    with pytest.raises(ValueError, match="gather_quantize: x: must have at least one row"):
+        qbackend.gather_quantize(x[:0], ids)
+    with pytest.raises(TypeError, match="gather_quantize: x: dtype must be"):
+        qbackend.gather_quantize(x.to(torch.float8_e4m3fn), ids)
+    # Where the values are not checked (a GPU), a provider without a fused gather must not read out of
+    # bounds either: the bad row gets NaN scales, the others are exact.
+    problem = validate_gather_quantize(x, ids, torch.float8_e4m3fn, "token", 128)
+    bad = torch.tensor([0, 9, -1, 3])
+    q, s = ops._gather_then_quantize(registry.get().providers["reference"], x, bad, torch.float8_e4m3fn,
+                                     "token", 128, problem)
+    q_ref, s_ref = qbackend.quantize(x[[0, 3]], torch.float8_e4m3fn, "token")
+    assert s[1:3].isnan().all() and torch.equal(s[[0, 3]], s_ref)
+    assert torch.equal(q[[0, 3]].view(torch.uint8), q_ref.view(torch.uint8))
+
+
+def test_gather_quantize_compiles_fullgraph(gen):
+    x = torch.randn(9, 256, generator=gen).to(torch.bfloat16)
+    ids = torch.randint(0, 9, (17,), generator=gen)
+    fn = torch.compile(lambda x, i: qbackend.gather_quantize(x, i, granularity="group"), fullgraph=True,
+                       backend="eager")
+    q, s = fn(x, ids)
+    q_ref, s_ref = qbackend.quantize(x[ids], granularity="group")
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
 
 
 # ------------------------------------------------------------------------------------- QuantMoE

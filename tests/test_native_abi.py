@@ -227,3 +227,71 @@ def test_malformed_quantize_is_an_error_code():
     buf = native._errbuf()
     st = lib.qb_quantize(None, 16, None, 16, None, 4, 16, BF16, E4M3, 7, None, None, None, buf, native._ERR_LEN)
     assert st == 1 and "mode 7" in buf.value.decode(), buf.value
+
+
+def _grouped_status(M=4, N=32, K=32, groups=2, a_dtype=E4M3, out_dtype=BF16, kind_a=0, kind_b=0, lda=None):
+    lib = native.load()
+    if not hasattr(lib, "qb_grouped_scaled_mm"):
+        pytest.skip(f"{native.library_path()} predates qb_grouped_scaled_mm")
+    buf = native._errbuf()
+    st = lib.qb_grouped_scaled_mm(None, K if lda is None else lda, None, K, N * K, None, N, None, M, N, K, groups,
+                                  a_dtype, a_dtype, out_dtype, None, kind_a, None, kind_b, None, 0, None, buf,
+                                  native._ERR_LEN)
+    return st, buf.value.decode()
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(K=24), "K (=24) must be a multiple of 16"),
+    (dict(N=20), "N (=20) of 8"),
+    (dict(groups=0), "groups (=0) must be 1 to 1024"),
+    (dict(groups=1025), "groups (=1025) must be 1 to 1024"),
+    (dict(kind_a=2, kind_b=1), "both block (2)"),
+    (dict(kind_a=5), "scale kinds"),
+    (dict(M=-1), "0 <= M"),
+    (dict(a_dtype=BF16), "must be e4m3"),
+    (dict(), "must be non-NULL"),           # sizes fine, pointers missing
+    (dict(lda=8), "must be non-NULL"),      # pointers are checked before strides
+])
+def test_malformed_grouped_scaled_mm_is_an_error_code(change, needle):
+    st, msg = _grouped_status(**change)
+    assert st == 1, (st, msg)             # QB_ERR_INVALID_ARGUMENT
+    assert needle in msg, msg
+
+
+def test_grouped_scaled_mm_with_no_rows_is_a_no_op():
+    assert _grouped_status(M=0) == (0, "")
+
+
+def test_grouped_configs_are_named():
+    if not native.has_variant("grouped_scaled_mm_fp8", 89):
+        pytest.skip("sm_89 family not built")
+    assert native.grouped_config_names(89) == ["sm89_grouped_32x64x128_s4", "sm89_grouped_128x128x128_s3"]
+
+
+def _gather_status(x_rows=4, index=None, rows=3, cols=256, group=0, ld_scale=0, q_dtype=E4M3):
+    lib = native.load()
+    if not hasattr(lib, "qb_quantize_gather"):
+        pytest.skip(f"{native.library_path()} predates qb_quantize_gather")
+    buf = native._errbuf()
+    st = lib.qb_quantize_gather(None, cols, x_rows, index, None, cols, None, ld_scale, rows, cols, group, BF16,
+                                q_dtype, None, buf, native._ERR_LEN)
+    return st, buf.value.decode()
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(group=-1), "group (=-1) must be 0 (per token) or in [1, 2^30]"),
+    (dict(group=128, ld_scale=1), "ld_scale (=1) must be >= ceil(cols / group) (=2)"),
+    (dict(), "index must be a non-NULL, 8-byte aligned int64 array"),
+    (dict(index=12), "index must be a non-NULL, 8-byte aligned int64 array"),
+    (dict(index=16, x_rows=0), "x_rows (=0) must be >= 1 when rows > 0"),
+    (dict(index=16), "x, q and scale must be non-NULL"),
+    (dict(index=16, q_dtype=9), "q_dtype 9"),
+])
+def test_malformed_quantize_gather_is_an_error_code(change, needle):
+    st, msg = _gather_status(**change)
+    assert st == 1, (st, msg)             # QB_ERR_INVALID_ARGUMENT
+    assert needle in msg, msg
+
+
+def test_quantize_gather_with_no_rows_is_a_no_op():
+    assert _gather_status(rows=0) == (0, "")

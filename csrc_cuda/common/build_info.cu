@@ -38,6 +38,9 @@ const Variant kVariants[] = {
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_89
     {"scaled_mm_fp8_block", QB_VARIANT_SM89},
 #endif
+#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_89
+    {"grouped_scaled_mm_fp8", QB_VARIANT_SM89},
+#endif
 #ifdef QB_HAS_SCALED_MM_FP8_PRECISE_90
     {"scaled_mm_fp8_precise", QB_VARIANT_SM90},
 #endif
@@ -70,8 +73,8 @@ const Variant kVariants[] = {
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-const char* kOps[] = {"scaled_mm_fp8", "scaled_mm_fp8_precise", "scaled_mm_fp8_block", "scaled_mm_int8", "scaled_mm_w8a16", "quantize",
-                      "quantize_group", "marlin"};
+const char* kOps[] = {"scaled_mm_fp8",  "scaled_mm_fp8_precise", "scaled_mm_fp8_block",   "scaled_mm_int8",
+                      "scaled_mm_w8a16", "grouped_scaled_mm_fp8", "quantize", "quantize_group", "marlin"};
 
 // Appends to buf at *pos, never past buf_len - 1; keeps the string NUL-terminated.
 void put(char* buf, size_t buf_len, size_t* pos, const char* s) {

@@ -273,17 +273,36 @@ __device__ __forceinline__ float block_max(float m, float* red) {
   return m;
 }
 
+// The x row that output row r quantizes: r itself, or gather[r] (a MoE layer's routed slot reading
+// its token's row). An index outside [0, x_rows) cannot be refused without a host sync: the row
+// reads x's row 0 instead and its scale is made NaN (poison_if), so the fault shows in the output.
+__device__ __forceinline__ int64_t source_row(const int64_t* gather, int64_t r, int64_t x_rows, bool& bad) {
+  if (gather == nullptr) {
+    bad = false;
+    return r;
+  }
+  const int64_t src = gather[r];
+  bad = src < 0 || src >= x_rows;
+  return bad ? 0 : src;
+}
+
+__device__ __forceinline__ float poison_if(bool bad, float scale) {
+  return bad ? __uint_as_float(0x7FC00000u) : scale;
+}
+
 // DYNAMIC_TOKEN: block r quantizes row r. nvec = cols / VEC; each thread caches VECS vectors of the
 // row in registers (a template parameter: a run-time count would keep registers for kCacheVecs and
 // cost the wide blocks their occupancy).
 template <typename T, int VEC, int QD, int VECS>
 __global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
                                                         int64_t ldq, float* __restrict__ scales, int64_t nvec,
-                                                        const float* __restrict__ scale_ub) {
+                                                        const float* __restrict__ scale_ub,
+                                                        const int64_t* __restrict__ gather, int64_t x_rows) {
   __shared__ float red[32];
   enter_dependent_grid();
   const int64_t r = blockIdx.x;
-  const auto* xr = reinterpret_cast<const Vec<T, VEC>*>(x + r * ldx);
+  bool bad;
+  const auto* xr = reinterpret_cast<const Vec<T, VEC>*>(x + source_row(gather, r, x_rows, bad) * ldx);
   uint8_t* qr = q + r * ldq;
 
   Vec<T, VEC> cache[VECS];
@@ -299,7 +318,7 @@ __global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __
   for (int64_t idx = threadIdx.x + int64_t(VECS) * blockDim.x; idx < nvec; idx += blockDim.x)
     m = vec_amax<T, VEC>(xr[idx], m);
 
-  const float scale = scale_from_amax<QD>(block_max(m, red), scale_ub);
+  const float scale = poison_if(bad, scale_from_amax<QD>(block_max(m, red), scale_ub));
   if (threadIdx.x == 0) scales[r] = scale;
   const Divisor div = make_divisor(scale);
 
@@ -377,7 +396,8 @@ __global__ void __launch_bounds__(kMaxPipelinedThreads)
 template <typename T, int VEC, int QD, int LANES>
 __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
                                                         int64_t ldq, float* __restrict__ scales, int64_t ld_scale,
-                                                        int64_t rows, int64_t cols, int64_t group) {
+                                                        int64_t rows, int64_t cols, int64_t group,
+                                                        const int64_t* __restrict__ gather, int64_t x_rows) {
   static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: a power of two up to 32");
   enter_dependent_grid();
   const int64_t groups_per_row = qb::cdiv(cols, group);
@@ -391,7 +411,9 @@ __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x,
   const int64_t g = live ? gid - r * groups_per_row : 0;
   const int64_t c0 = g * group;
   const int64_t nvec = live ? (std::min<int64_t>(group, cols - c0) + VEC - 1) / VEC : 0;
-  const auto* xg = reinterpret_cast<const Vec<T, VEC>*>(x + r * ldx + c0);
+  bool bad = false;
+  const int64_t src = live ? source_row(gather, r, x_rows, bad) : 0;
+  const auto* xg = reinterpret_cast<const Vec<T, VEC>*>(x + src * ldx + c0);
   uint8_t* qg = q + r * ldq + c0;
 
   Vec<T, VEC> cache[kCacheVecs];
@@ -409,7 +431,7 @@ __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x,
   for (int o = LANES / 2; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o, LANES));
   if (!live) return;
 
-  const float scale = scale_from_amax<QD>(m, nullptr);
+  const float scale = poison_if(bad, scale_from_amax<QD>(m, nullptr));
   if (lane == 0) scales[r * ld_scale + g] = scale;
   const Divisor div = make_divisor(scale);
 #pragma unroll
@@ -516,6 +538,8 @@ struct QuantArgs {
   int64_t rows, cols;
   int mode;
   int64_t group, ld_scale;  // DYNAMIC_GROUP only
+  const int64_t* gather;    // DYNAMIC_TOKEN and DYNAMIC_GROUP: row r of q from row gather[r] of x, or r
+  int64_t x_rows;           // the rows of x that gather may name
   const float* scale_ub;
   void* workspace;
   cudaStream_t stream;
@@ -562,7 +586,7 @@ int launch(const QuantArgs& a, const qb::Err& err) {
     const int64_t groups = a.rows * qb::cdiv(a.cols, a.group);
     const unsigned grid = static_cast<unsigned>(qb::cdiv(groups * lanes, int64_t(threads)));
     cudaError_t e = launch_kernel(kernel, grid, threads, a, x, a.ldx, a.q, a.ldq, a.scale, a.ld_scale, a.rows,
-                                  a.cols, a.group);
+                                  a.cols, a.group, a.gather, a.x_rows);
     if (e != cudaSuccess) return err.cuda(e, "qb_quantize_group: kernel launch");
   } else if (a.mode == QB_QUANT_DYNAMIC_TOKEN) {
     // one, two or four vectors per thread on the 16-byte path; the scalar path (odd shapes) keeps four
@@ -574,7 +598,7 @@ int launch(const QuantArgs& a, const qb::Err& err) {
     // Measured on the H200 (bench_quantize.py): the row-pipelined kernel was no faster at 8192 x
     // 14336 and 19 % slower at 8192 x 4096 (39.3 vs 33.1 us) than one block per row, so it runs
     // only when forced (kept for tuning on other GPUs).
-    const bool pipelined = fits && t_token_kernel == 1;
+    const bool pipelined = fits && t_token_kernel == 1 && a.gather == nullptr;
     if (pipelined) {
       const int64_t resident =
           int64_t(a.sm_count) * resident_blocks(per_token_pipelined_kernel<T, VEC, QD>, t_pipelined, a.device);
@@ -587,7 +611,7 @@ int launch(const QuantArgs& a, const qb::Err& err) {
         if (vecs == 2) kernel = per_token_kernel<T, VEC, QD, 2>;
       }
       cudaError_t e = launch_kernel(kernel, static_cast<unsigned>(a.rows), t, a, x, a.ldx, a.q, a.ldq, a.scale, nvec,
-                                    a.scale_ub);
+                                    a.scale_ub, a.gather, a.x_rows);
       if (e != cudaSuccess) return err.cuda(e, "qb_quantize: kernel launch");
     }
   } else if (a.mode == QB_QUANT_STATIC_TENSOR) {
@@ -693,7 +717,7 @@ extern "C" int qb_quantize(const void* x, int64_t ldx, void* q, int64_t ldq, flo
   if (mode != QB_QUANT_STATIC_TENSOR && mode != QB_QUANT_DYNAMIC_TENSOR && mode != QB_QUANT_DYNAMIC_TOKEN)
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: mode %d must be 0 (static tensor), 1 (dynamic tensor) or 2 "
                    "(dynamic token); per-group quantize is qb_quantize_group", mode);
-  QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, mode, 0, 0,
+  QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, mode, 0, 0, nullptr, rows,
               mode == QB_QUANT_STATIC_TENSOR ? nullptr : scale_ub,
               mode == QB_QUANT_DYNAMIC_TENSOR ? workspace : nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
   return checked_quantize(a, x_dtype, q_dtype, "qb_quantize", err);
@@ -713,6 +737,31 @@ extern "C" int qb_quantize_group(const void* x, int64_t ldx, void* q, int64_t ld
   if (cols > 0 && rows > 0 && rows > (int64_t(1) << 36) / qb::cdiv(cols, group))
     return err.set(QB_ERR_UNSUPPORTED, "qb_quantize_group: at most 2^36 groups (rows x ceil(cols / group))");
   QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, QB_QUANT_DYNAMIC_GROUP, group, ld_scale,
-              nullptr, nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
+              nullptr, rows, nullptr, nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
   return checked_quantize(a, x_dtype, q_dtype, "qb_quantize_group", err);
+}
+
+extern "C" int qb_quantize_gather(const void* x, int64_t ldx, int64_t x_rows, const int64_t* index, void* q,
+                                  int64_t ldq, float* scale, int64_t ld_scale, int64_t rows, int64_t cols,
+                                  int64_t group, int x_dtype, int q_dtype, void* stream, char* err_buf,
+                                  size_t err_len) {
+  const qb::Err err{err_buf, err_len};
+  if (err_buf && err_len) err_buf[0] = '\0';
+  const char* fn = "qb_quantize_gather";
+  if (group < 0 || group > (int64_t(1) << 30))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: group (=%lld) must be 0 (per token) or in [1, 2^30]", fn,
+                   (long long)group);
+  if (group > 0 && cols > 0 && ld_scale < qb::cdiv(cols, group))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: ld_scale (=%lld) must be >= ceil(cols / group) (=%lld)", fn,
+                   (long long)ld_scale, (long long)qb::cdiv(cols, group));
+  if (group > 0 && cols > 0 && rows > 0 && rows > (int64_t(1) << 36) / qb::cdiv(cols, group))
+    return err.set(QB_ERR_UNSUPPORTED, "%s: at most 2^36 groups (rows x ceil(cols / group))", fn);
+  if (rows > 0 && (index == nullptr || (reinterpret_cast<uintptr_t>(index) & 7u)))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: index must be a non-NULL, 8-byte aligned int64 array", fn);
+  if (rows > 0 && x_rows < 1)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: x_rows (=%lld) must be >= 1 when rows > 0", fn, (long long)x_rows);
+  QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols,
+              group > 0 ? QB_QUANT_DYNAMIC_GROUP : QB_QUANT_DYNAMIC_TOKEN, group, ld_scale, index, x_rows,
+              nullptr, nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
+  return checked_quantize(a, x_dtype, q_dtype, fn, err);
 }

@@ -68,8 +68,8 @@ typedef enum qb_variant {
 int qb_build_info(char* buf, size_t buf_len);
 
 /* Nonzero when kernels of variant (for the given op: "scaled_mm_fp8", "scaled_mm_fp8_precise",
- * "scaled_mm_fp8_block", "scaled_mm_int8", "scaled_mm_w8a16", "quantize", "quantize_group",
- * "marlin") were compiled into this library. */
+ * "scaled_mm_fp8_block", "scaled_mm_int8", "scaled_mm_w8a16", "grouped_scaled_mm_fp8", "quantize",
+ * "quantize_group", "marlin") were compiled into this library. */
 int qb_has_variant(const char* op, int variant);
 
 /* out[M, N] = (scale_a * scale_b) * (A @ B) + bias, fp32 (fp8) or int32 (int8) accumulation.
@@ -116,6 +116,39 @@ int qb_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_t ldb, void
 size_t qb_scaled_mm_block_workspace_size(int64_t M, int64_t N, int64_t K, int out_dtype, int variant);
 int qb_scaled_mm_block_config_count(int variant);
 const char* qb_scaled_mm_block_config_name(int variant, int config);
+
+/* Grouped scaled_mm: the expert layers of a mixture of experts in one call (ABI 1 addition; op
+ * "grouped_scaled_mm_fp8" in qb_has_variant: the sm89 family, mma.sync e4m3, which newer GPUs run
+ * through its PTX). Group g is rows [offsets[g-1], offsets[g]) of A (from row 0 for g = 0); its rows
+ * of out are scaled_mm's of those rows with group g's weight, scales and bias:
+ *   out[r, n] = (scale_a(r) * scale_b(g, n)) * sum_k A[r, k] B_g[k, n] + bias[g, n]   (fp32 accumulation)
+ * or, with block scales, the sum over 128-deep K blocks of each block's products times its two scales.
+ *   a:   [M, K] e4m3 row-major, row stride lda (elements = bytes); rows sorted by group.
+ *   b:   [G, K, N] e4m3, group g column-major: element (g, k, n) at b[g * ldb_group + n * ldb + k], ldb >= K
+ *        (b = w.transpose(-2, -1) of a row-major [G, N, K] expert weight: ldb = K, ldb_group = N * K).
+ *   out: [M, N] row-major, row stride ldo, out_dtype QB_BF16 or QB_F16.
+ *   offsets: int32 [G] on the device, cumulative row ends. Never read on the host, so the call is
+ *        capturable in a CUDA graph while the routing changes between replays. The kernels clamp each
+ *        end to [the previous end, M]; rows at or past the last end are written as NaN (malformed
+ *        offsets give NaN or misrouted rows, never an out-of-bounds access).
+ *   scale_a_kind / scale_b_kind, each QB_SCALE_TENSOR or QB_SCALE_ROW, or both QB_SCALE_BLOCK:
+ *        QB_SCALE_TENSOR  scale_a [1];  scale_b [G] (one per group)
+ *        QB_SCALE_ROW     scale_a [M] (per token);  scale_b [G, N] row-major (per group and column)
+ *        QB_SCALE_BLOCK   scale_a [M, ceil(K/128)] row-major;  scale_b [G, ceil(K/128), ceil(N/128)] contiguous
+ *   bias: NULL or [G, N] contiguous in out_dtype.
+ *   Rules (QB_ERR_INVALID_ARGUMENT): 1 <= G <= 1024, K % 16 == 0, N % 8 == 0, M >= 0; a, b, out
+ *   16-byte aligned and lda, ldb, ldb_group, ldo * 2 multiples of 16 bytes; scales and offsets 4-byte
+ *   aligned. M == 0 returns QB_OK and launches nothing. No workspace. variant: QB_VARIANT_AUTO or
+ *   QB_VARIANT_SM89. qb_grouped_scaled_mm_override forces a config for the calling thread's later
+ *   calls (tests; -1: automatic). */
+int qb_grouped_scaled_mm(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t ldb_group, void* out,
+                         int64_t ldo, const int32_t* offsets, int64_t M, int64_t N, int64_t K, int64_t groups,
+                         int a_dtype, int b_dtype, int out_dtype, const float* scale_a, int scale_a_kind,
+                         const float* scale_b, int scale_b_kind, const void* bias, int variant, void* stream,
+                         char* err, size_t err_len);
+int qb_grouped_scaled_mm_config_count(int variant);
+const char* qb_grouped_scaled_mm_config_name(int variant, int config);
+void qb_grouped_scaled_mm_override(int config);
 
 /* Tuning and tests only. Kernel configs of a (resolved, non-AUTO) variant for a dtype: their
  * count, and their names (NULL past the end). qb_scaled_mm_override forces, for the calling
@@ -199,6 +232,17 @@ size_t qb_quantize_workspace_size(int64_t rows, int64_t cols, int mode);
  * capturable in CUDA graphs. rows == 0 returns QB_OK. */
 int qb_quantize_group(const void* x, int64_t ldx, void* q, int64_t ldq, float* scale, int64_t ld_scale, int64_t rows,
                       int64_t cols, int64_t group, int x_dtype, int q_dtype, void* stream, char* err, size_t err_len);
+
+/* Gather and quantize in one pass (a MoE layer's routed activations, quantized once in expert order):
+ * row r of q (and its scales) is the dynamic quantize of row index[r] of x. group == 0: per token,
+ * scale[r] (ld_scale unused); group > 0: per token group, scale[r * ld_scale + g], as qb_quantize_group.
+ * Numerics are those of qb_quantize / qb_quantize_group on the gathered rows, bit for bit.
+ *   x: [x_rows, cols] with row stride ldx; index: `rows` int64 device values.
+ * An index outside [0, x_rows) is not checked on the host (that would need a sync): its row reads
+ * row 0 of x and its scales are NaN. One kernel, no workspace, capturable. rows == 0 returns QB_OK. */
+int qb_quantize_gather(const void* x, int64_t ldx, int64_t x_rows, const int64_t* index, void* q, int64_t ldq,
+                       float* scale, int64_t ld_scale, int64_t rows, int64_t cols, int64_t group, int x_dtype,
+                       int q_dtype, void* stream, char* err, size_t err_len);
 
 /* Tuning and tests only: for the calling thread's later DYNAMIC_TOKEN calls, force the kernel
  * (token_kernel: -1 automatic, 0 one block per row, 1 persistent row-pipelined where the row fits)

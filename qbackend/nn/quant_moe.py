@@ -1,6 +1,6 @@
 """QuantMoE: a mixture-of-experts feed-forward block on qbackend.grouped_scaled_mm.
 
-    router top-k -> moe_align (expert order) -> quantize -> grouped gate/up -> SiLU(gate) * up
+    router top-k -> moe_align (expert order) -> gather + quantize -> grouped gate/up -> SiLU(gate) * up
     -> quantize -> grouped down -> weighted sum back into token order
 
 Routing (`Routing`): softmax over the router's logits and top-k (Mixtral, Qwen3-MoE), or
@@ -148,13 +148,15 @@ class QuantMoE(nn.Module):
         """A stacked canonical weight scale in grouped_scaled_mm's scale_b form."""
         return scale.transpose(-2, -1) if scale.dim() == 3 else scale
 
-    def _quantize(self, x: torch.Tensor):
-        if self.block_size:
-            return qbackend.quantize(x, FP8, "group", group_size=self.block_size[1])
-        return qbackend.quantize(x, FP8, "token")
+    def _quantize(self, x: torch.Tensor, rows: torch.Tensor | None = None):
+        """x (or x[rows], gathered in the same pass) quantized as the grouped GEMM takes it."""
+        granularity, group = ("group", self.block_size[1]) if self.block_size else ("token", 128)
+        if rows is not None:
+            return qbackend.gather_quantize(x, rows, FP8, granularity, group)
+        return qbackend.quantize(x, FP8, granularity, group_size=group)
 
-    def _grouped(self, x, w, scale, offsets, out_dtype):
-        q, s = self._quantize(x)
+    def _grouped(self, x, w, scale, offsets, out_dtype, rows=None):
+        q, s = self._quantize(x, rows)
         group = self.block_size[0] if self.block_size else 128
         return qbackend.grouped_scaled_mm(q, w.transpose(-2, -1), s, self._scale_b(scale), offsets,
                                           out_dtype=out_dtype, group_size=group)
@@ -184,8 +186,9 @@ class QuantMoE(nn.Module):
         x2 = x.reshape(-1, self.hidden)
         weights, ids = self.route(x2)
         perm, offsets, inverse = qbackend.moe_align(ids, self.num_experts)
-        rows = x2.index_select(0, perm // self.top_k)
-        h = self._grouped(rows, self.w13, self.w13_scale, offsets, out_dtype)
+        # The routed rows (each token once per chosen expert, in expert order) are gathered by the
+        # quantize itself.
+        h = self._grouped(x2, self.w13, self.w13_scale, offsets, out_dtype, rows=perm // self.top_k)
         i = self.intermediate
         act = (F.silu(h[:, :i].float()) * h[:, i:].float()).to(out_dtype)
         y = self._grouped(act, self.w2, self.w2_scale, offsets, out_dtype)

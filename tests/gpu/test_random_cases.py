@@ -15,6 +15,8 @@ a user may pass instead, within the API's rules:
 - quantize + linear (W8A8 per-token / per-tensor or block-scaled) or linear (W8A16) captured in a
   CUDA graph and replayed on new activations, and quantize + scaled_mm or linear through
   torch.compile(fullgraph=True), block-scaled included;
+- grouped_scaled_mm (MoE): 1 to 512 groups, routing uniform, to a hot group or to few groups, every
+  scale family, the default selection or cutlass forced, sometimes replayed after new routing;
 - the torch provider forced on every kind it serves (fp8 and int8 W8A8, W8A16, block scales with
   partial blocks), eager, replayed from a graph or compiled, each case counted by the path it took.
 Outputs outside graphs are poisoned first; a GEMM must be NaN-free and within the stated tolerance
@@ -41,6 +43,7 @@ import qbackend
 from gpu_helpers import DEV, captured, needs_sm, poison, reference, rel_err, with_provider
 from helpers import window
 from qbackend.validate import validate_quantize, validate_scaled_mm
+from qbackend.validate_grouped import validate_grouped_scaled_mm
 from qbackend.weights import weight_scale_to_b
 from qbackend_providers import torch_paths
 
@@ -221,6 +224,68 @@ def test_random_block_scaled_mm(monkeypatch, i):
                     bias=None if bias is None else bias.float())
     assert out.shape == lead + (N,) and out.dtype == out_dtype, what
     assert rel_err(out, ref) < BLOCK_TOL[out_dtype], what
+
+
+GROUPED_SCALES = ("tensor", "token_channel", "block")
+
+
+@needs_sm((8, 9), "fp8 tensor cores")
+@pytest.mark.parametrize("i", CASES, ids=lambda i: f"grouped-{i}")
+def test_random_grouped_scaled_mm(monkeypatch, i):
+    """grouped_scaled_mm (MoE) with 1 to 512 groups, rows routed uniformly, to one hot group or to
+    few groups, per-tensor / per-token x channel / block scales; the default selection or cutlass
+    forced; eager or replayed from a CUDA graph after new routing is written in place."""
+    r, g = case_random("grouped", i)
+    forced = r.choice(["", "cutlass"])
+    if forced:
+        with_provider(monkeypatch, forced)
+    G = log_uniform(r, 1, 512)
+    rows = log_uniform(r, 1, 4096)
+    N, K = draw_dim(r, 4096, 8) // 8 * 8 or 8, draw_dim(r, 8192, 16) // 16 * 16 or 16
+    rows = min(rows, max(1, MAX_MACS // (N * K)))
+    G = min(G, max(1, (1 << 30) // (N * K)))  # the experts' weights within 1 GB
+    scales = r.choice(GROUPED_SCALES)
+    how = r.choice(["uniform", "hot", "few"])
+
+    def routing():
+        weights = torch.ones(G)
+        if how == "hot":
+            weights[r.randrange(G)] = 8.0 * G
+        elif how == "few":
+            weights = torch.zeros(G)
+            weights[[r.randrange(G) for _ in range(3)]] = 1.0
+        draw = torch.Generator().manual_seed(r.getrandbits(31))
+        picks = torch.multinomial(weights, rows, replacement=True, generator=draw)
+        return picks.bincount(minlength=G).cumsum(0).to(torch.int32).to(DEV)
+
+    (R, C), at = window(r, rows, K, 1)
+    a = cut((torch.randn(R, C, device=DEV, generator=g) * 30).to(F8), at, rows, K)
+    b = (torch.randn(G, N, K, device=DEV, generator=g) * 30).to(F8).transpose(-2, -1)
+    kb, nb = -(-K // 128), -(-N // 128)
+    sa_shape, sb_shape = {"tensor": ((), (G,)), "token_channel": ((rows, 1), (G, N)),
+                          "block": ((rows, kb), (G, kb, nb))}[scales]
+    sa = torch.rand(sa_shape, device=DEV, generator=g) * 0.01 + 1e-4
+    sb = torch.rand(sb_shape, device=DEV, generator=g) * 0.01 + 1e-4
+    out_dtype = r.choice([torch.bfloat16, torch.float16])
+    bias = torch.randn(G, N, device=DEV, generator=g).to(out_dtype) if r.random() < 0.3 else None
+    offsets = routing()
+    graphed = r.random() < 0.3
+    what = dict(G=G, rows=rows, N=N, K=K, scales=scales, routing=how, a_stride=tuple(a.stride()), out=out_dtype,
+                bias=bias is not None, forced=forced or "auto", graphed=graphed,
+                provider=served_by("grouped", validate_grouped_scaled_mm(a, b, sa, sb, offsets, out_dtype, bias)))
+    call = lambda: qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, out_dtype=out_dtype, bias=bias)  # noqa: E731
+    if graphed and what["provider"] != "reference":
+        graph, out = captured(call)
+        offsets.copy_(routing())
+        graph.replay()
+        torch.cuda.synchronize()
+    else:
+        poison()
+        out = call()
+    ref = reference(qbackend.grouped_scaled_mm, a, b, sa, sb, offsets, out_dtype=torch.float32,
+                    bias=None if bias is None else bias.float())
+    assert out.shape == (rows, N) and out.dtype == out_dtype, what
+    assert rel_err(out, ref) < (1e-2 if K <= 8192 else 2e-2), what
 
 
 @needs_sm((7, 5), "int8 tensor cores")
