@@ -27,8 +27,9 @@ def _quantize_verdict(provider, device) -> str | None:
     return None if None in reasons else (reasons[0] if reasons else "has no rules")
 
 
-def info_report(simulate: str | None = None) -> dict:
-    """Everything `qbackend info` prints, as a JSON-ready dict."""
+def info_report(simulate: str | None = None, all_devices: bool = False) -> dict:
+    """Everything `qbackend info` prints, as a JSON-ready dict; all_devices adds each visible GPU's
+    selection (a host may hold GPUs of different archs: each gets its own providers)."""
     if simulate:
         os.environ["QBACKEND_SIMULATE"] = simulate
     import torch
@@ -66,7 +67,7 @@ def info_report(simulate: str | None = None) -> dict:
     if device.simulated:
         for lib in libs:
             lib["counts_as_built_for"] = device.arch
-    return {
+    report = {
         "qbackend_version": qbackend.__version__, "torch_version": torch.__version__,
         "device": device.to_json(),
         "native_libraries": libs,
@@ -78,6 +79,14 @@ def info_report(simulate: str | None = None) -> dict:
         "plugin_errors": [{"source": e.source, "stage": e.stage, "message": e.message}
                           for e in reg.errors],
     }
+    if all_devices:
+        from qbackend.probe import visible_gpus
+
+        report["all_devices"] = [
+            {"device": f"cuda:{index}", "name": gpu.name, "arch": gpu.arch,
+             "selection": {kind: name for kind, (name, _) in qbackend.selection_table(gpu).items()}}
+            for index, gpu in visible_gpus()]
+    return report
 
 
 def _chosen_paths(table: dict, device) -> dict:
@@ -131,6 +140,15 @@ def _print_info(r: dict) -> None:
         print(f"  {kind:<28} -> {name or 'none'}{path}")
         for prov, why in r["selection_reasons"][kind].items():
             print(f"  {'':<28}    {prov}: {why}")
+    if "all_devices" in r:
+        print("every visible GPU:" + ("" if r["all_devices"] else " none (the selection above is the CPU's)"))
+        for d in r["all_devices"]:
+            by_provider = {}
+            for kind, name in d["selection"].items():
+                by_provider.setdefault(name or "none", []).append(kind)
+            print(f"  {d['device']}: {d['name']}  arch {d['arch']}")
+            for name, kinds in by_provider.items():
+                print(f"    {name}: {', '.join(kinds)}")
     if r["forced_provider"] or r["disabled_providers"]:
         print(f"overrides: forced={r['forced_provider']} disabled={','.join(r['disabled_providers']) or '-'}")
     if r["plugin_errors"]:
@@ -140,7 +158,9 @@ def _print_info(r: dict) -> None:
 
 
 def _cmd_info(args) -> int:
-    report = info_report(args.simulate)
+    if args.simulate and args.all_devices:
+        raise ValueError("--all-devices reports the GPUs that are here; it does not combine with --simulate")
+    report = info_report(args.simulate, args.all_devices)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()
@@ -213,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--simulate", metavar="ARCH", help="report for a simulated device "
                       "(sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, gfx942, gfx950, cpu; an AMD arch may "
                       "name its ROCm release: gfx942:rocm6.2)")
+    info.add_argument("--all-devices", action="store_true",
+                      help="also list every visible GPU's selection (each GPU gets its own providers)")
     info.set_defaults(func=_cmd_info)
     explain = sub.add_parser("explain", help="every provider's verdict for problem kinds")
     explain.add_argument("kinds", nargs="*", help="problem kinds (default: all)")

@@ -289,6 +289,17 @@ def probe_gpu(index: int = 0) -> DeviceInfo | None:
     return None
 
 
+def visible_gpus(limit: int = 64) -> list:
+    """(index, DeviceInfo) of every GPU the probes find, from index 0 up to the first they do not."""
+    found = []
+    for index in range(limit):
+        try:
+            found.append((index, device_info(f"cuda:{index}")))
+        except RuntimeError:  # no probe could identify it: past the last GPU
+            break
+    return found
+
+
 _cache: dict = {}   # (device type, index) or None (the default device) -> DeviceInfo: one per device
 _cache_lock = threading.RLock()
 

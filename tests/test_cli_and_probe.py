@@ -225,3 +225,32 @@ def test_nvml_probe_reads_each_gpu(monkeypatch):
     assert probe._probe_nvml(0).arch == "sm_89"  # CUDA device 0 is physical GPU 1
     with pytest.raises(LookupError, match="not visible"):
         probe._probe_nvml(1)
+
+
+def test_info_all_devices_gives_each_gpu_its_own_selection(monkeypatch, capsys):
+    """A host with an H100 and an A100 (probes faked, counted as having the native library): each GPU
+    is listed with the selection made for its own arch, as the registry makes it for tensors there."""
+    from dataclasses import replace
+
+    from qbackend.cli import info_report, main
+
+    archs = {0: "sm_90", 1: "sm_80"}
+    monkeypatch.setattr(probe, "probe_gpu", lambda index=0: replace(probe.simulated(archs[index]), index=index)
+                        if index in archs else None)
+    probe.reset()
+    try:
+        report = info_report(all_devices=True)
+        gpus = report["all_devices"]
+        assert [(d["device"], d["arch"]) for d in gpus] == [("cuda:0", "sm_90"), ("cuda:1", "sm_80")]
+        for d in gpus:
+            table = qbackend.selection_table(probe.device_info(d["device"]))
+            assert d["selection"] == {kind: name for kind, (name, _) in table.items()}
+        assert gpus[0]["selection"]["fp8_w8a8_per_token_channel"] == "cutlass"
+        assert gpus[1]["selection"]["fp8_w8a16"] == "marlin"
+        assert main(["info", "--all-devices"]) == 0
+        out = capsys.readouterr().out
+        assert "every visible GPU:" in out and "  cuda:1: " in out and "arch sm_80" in out
+        assert main(["info", "--all-devices", "--simulate", "sm_90"]) == 2
+        assert "does not combine with --simulate" in capsys.readouterr().err
+    finally:
+        probe.reset()
