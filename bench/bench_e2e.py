@@ -50,7 +50,6 @@ import argparse
 import copy
 import inspect
 import json
-import re
 import statistics
 import time
 from pathlib import Path
@@ -59,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 import qbackend
+from qbackend.benchmark import device_tag
 from qbackend.nn import QuantMoE, quantize_model
 
 TARGETS = {"prefill_speedup": 1.5, "decode_speedup_batch_1_16": 1.3}
@@ -335,15 +335,6 @@ def moe_served(model, device, tokens: int = 16) -> dict:
         out[name] = {"provider": provider, "path": path, "how": how, "problem": problem.describe(),
                      "N": w.shape[1], "K": k, "routed_rows": rows}
     return out
-
-
-def device_tag(device) -> str:
-    """'h200' for an NVIDIA H200, 'h100' for an H100 (the name results files carry); 'cpu' on the CPU."""
-    if device.type != "cuda":
-        return device.type
-    name = torch.cuda.get_device_name(device).replace("NVIDIA", "")
-    found = re.search(r"\b([A-Z]{1,3}\d{2,4}[A-Z]?)\b", name)
-    return (found.group(1) if found else re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")).lower()
 
 
 class Timer:
@@ -661,8 +652,7 @@ def main(argv=None) -> int:
                          f"{targets['decode_speedup_batch_1_16']}x target")
     result["notes"] = notes
 
-    out = Path(args.out or (f"bench/results/e2e_moe_{device_tag(device)}.json" if moe
-                            else "bench/results/e2e_h200.json"))
+    out = Path(args.out or f"bench/results/e2e{'_moe' if moe else ''}_{device_tag(device)}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         plot(result, out.with_suffix(".png"))

@@ -68,7 +68,7 @@ import torch
 
 import qbackend
 from qbackend.bench_cli import served_by
-from qbackend.benchmark import ROTATE_BYTES, graph_time, interleaved
+from qbackend.benchmark import ROTATE_BYTES, device_tag, graph_time, interleaved
 from qbackend.validate import validate_scaled_mm
 from qbackend.validate_grouped import validate_grouped_scaled_mm
 
@@ -569,15 +569,6 @@ def plot(rows: list, path: str, device: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- main
-
-def device_tag(device) -> str:
-    """'h200' for an NVIDIA H200, 'h100' for an H100 ...: the name results files carry; 'cpu' on the CPU."""
-    if device.type != "cuda":
-        return device.type
-    name = torch.cuda.get_device_name(device)
-    m = re.search(r"\b([A-Z]{1,3}\d{2,4}[A-Z]?)\b", name.replace("NVIDIA", ""))
-    return (m.group(1) if m else re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")).lower()
-
 
 def device_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"

@@ -16,8 +16,8 @@ scales, for W8A8; the activation quantization is its own op, not in these times)
               without its own runs; on newer GPUs through the PTX), for comparison with the default
 Method (qbackend/benchmark.py): CUDA-graph replay, weight copies rotated past the L2 (>= 512 MB of fp8),
 each selection timed in interleaved rounds with bf16 torch.mm on the same shapes, medians.
-Writes DIR/selection_h200.json {"device", "torch", "rows": [{"kind", "M", "N", "K", "selection",
-"provider", "us", "bf16_us", "ratio"}]} (ratio = bf16_us / us: above 1 is faster than bf16).
+Writes DIR/selection_<device>.json (selection_h200.json on an H200) {"device", "torch", "rows": [{"kind", "M",
+"N", "K", "selection", "provider", "us", "bf16_us", "ratio"}]} (ratio = bf16_us / us: above 1 is faster than bf16).
 """
 import argparse
 import json
@@ -31,7 +31,7 @@ import torch
 import qbackend
 from qbackend import registry
 from qbackend.bench_report import pyplot, speedup_axes
-from qbackend.benchmark import activation, checkpoint_weight, graph_time, interleaved, weight_copies
+from qbackend.benchmark import activation, checkpoint_weight, device_tag, graph_time, interleaved, weight_copies
 from qbackend.problem import PROBLEM_KINDS
 
 SHAPES = [(4096, 4096), (28672, 4096)]
@@ -118,7 +118,7 @@ def main():
                      "replay over weight copies >= 512 MB of fp8, median of 5 trials of ~5 ms per round, "
                      "median over rounds interleaved with bf16 torch.mm in a balanced order",
            "rows": rows}
-    path = os.path.join(args.out, "selection_h200.json")
+    path = os.path.join(args.out, f"selection_{device_tag('cuda')}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     print("wrote", path)

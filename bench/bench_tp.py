@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import qbackend
+from qbackend.benchmark import device_tag
 from qbackend.nn import quantize_model
 
 
@@ -264,8 +265,7 @@ def main(argv=None) -> int:
     if rank != 0:
         return 0
     acc = result["accuracy"]
-    tag = "cpu" if not cuda else torch.cuda.get_device_name(device).split()[1].lower()
-    path = Path(args.out) / f"tp_{tag}x{world}.json"
+    path = Path(args.out) / f"tp_{device_tag(device)}x{world}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     r = result["fp8_over_bf16"]

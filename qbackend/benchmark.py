@@ -17,6 +17,7 @@ other candidate equally often. Each candidate's median over the rounds is report
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 import torch
@@ -135,3 +136,13 @@ def activation(M: int, K: int, act_dtype: torch.dtype, granularity: str, g: torc
     x = torch.randn(M, K, device=g.device, generator=g, dtype=torch.bfloat16)
     a, scale = quantize(x, act_dtype, granularity)
     return _aligned_rows(a), scale
+
+
+def device_tag(device) -> str:
+    """The short name results files carry: 'h200' for an NVIDIA H200, 'h100' for an H100, 'cpu' on the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    name = torch.cuda.get_device_name(device).replace("NVIDIA", "")
+    found = re.search(r"\b([A-Z]{1,3}\d{2,4}[A-Z]?)\b", name)
+    return (found.group(1) if found else re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")).lower()

@@ -13,6 +13,7 @@ import torch
 
 from .problem import Granularity as G
 from .problem import Op
+from .provider import Declined
 
 
 def per_group_problem(problem):
@@ -44,7 +45,10 @@ def row_groups(offsets: torch.Tensor, rows: int) -> torch.Tensor:
 
 def check_offsets(offsets: torch.Tensor, rows: int) -> list:
     """Offsets read on the host (by the providers that loop there) as a list, checked: non-decreasing,
-    non-negative, the last one equal to a's row count."""
+    non-negative, the last one equal to a's row count. Under CUDA graph capture, where that read
+    cannot happen, the provider declines (Declined), so that a device-side one can serve the call."""
+    if offsets.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise Declined("reads offsets on the host (a device sync), which a CUDA graph capture cannot do")
     ends = offsets.tolist()
     prev = 0
     for g, end in enumerate(ends):

@@ -101,6 +101,25 @@ def test_cuda_graph_replay_with_changing_routing(family):
         assert rel_err(out.float(), ref.float()) < TOL, step
 
 
+def test_capture_of_a_host_reading_path_declines_by_name(monkeypatch):
+    """N = 8 keeps the torch provider off its device-side paths: its per-group loop reads offsets on
+    the host, so under capture it declines (as the reference does) and the error says why."""
+    monkeypatch.setenv("QBACKEND_DISABLE", "cutlass")
+    registry.reload()
+    try:
+        g = torch.Generator().manual_seed(4)
+        a, b, sa, sb, offsets, _ = operands(g, [3, 0, 5], 256, 8, "token_channel")
+        assert served_path(a, b, sa, sb, offsets, None) == ("torch", "scaled_mm.per_group")
+        eager = qbackend.grouped_scaled_mm(a, b, sa, sb, offsets)
+        ref = reference(qbackend.grouped_scaled_mm, a, b, sa, sb, offsets)
+        assert rel_err(eager.float(), ref.float()) < TOL
+        with pytest.raises(qbackend.NoProviderError, match="CUDA graph capture cannot do"):
+            captured(lambda: qbackend.grouped_scaled_mm(a, b, sa, sb, offsets))
+    finally:
+        monkeypatch.delenv("QBACKEND_DISABLE")
+        registry.reload()
+
+
 @pytest.mark.parametrize("scheme", ["fp8_dynamic", "fp8_block"])
 def test_quant_moe_on_gpu_and_in_a_graph(scheme):
     g = torch.Generator().manual_seed(5)

@@ -10,6 +10,7 @@ import torch
 
 import qbackend
 from gpu_helpers import captured, needs_sm, poison, reference, rel_err, with_provider
+from qbackend.validate_grouped import validate_grouped_scaled_mm
 from qbackend_providers import native
 
 DEV = "cuda"
@@ -122,7 +123,7 @@ def test_issue_shapes_and_outputs_against_reference(family, out_dtype):
 def test_as_many_groups_as_allowed():
     g = torch.Generator().manual_seed(5)
     sizes = sizes_for("uniform", 1024, 700, g)
-    args = operands(g, sizes, 256, 64, "block")
+    args = operands(g, sizes, 256, 128, "block")
     poison()
     out = qbackend.grouped_scaled_mm(*args[:5])
     assert rel_err(out.double(), exact(*args, "block")) < TOL[out.dtype]
@@ -163,8 +164,14 @@ def test_graph_replay_follows_new_routing():
 
 
 def test_unsupported_layouts_are_refused_by_name():
-    """A forced cutlass on a problem its grouped kernels cannot take says which rule fails."""
+    """A forced cutlass on a problem its grouped kernels cannot take says which rule fails, and the
+    call goes to the next provider that can (forcing is a preference, not a failure)."""
     g = torch.Generator().manual_seed(13)
     a, b, sa, sb, offsets, _ = operands(g, [4, 4], 256, 64, "token_channel")
-    with pytest.raises(Exception, match="out_dtype float32"):
-        qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, out_dtype=torch.float32)
+    problem = validate_grouped_scaled_mm(a, b, sa, sb, offsets, torch.float32, None)
+    decision = qbackend.select(problem, torch.device(DEV))
+    assert decision.name != "cutlass"
+    assert "float32" in dict(decision.verdicts)["cutlass"].reason
+    out = qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert rel_err(out.double(), exact(a, b, sa, sb, offsets, None, "token_channel")) < 1e-2
