@@ -225,7 +225,12 @@ def test_random_block_scaled_mm(monkeypatch, i):
     ref = reference(qbackend.scaled_mm, a, qw.t(), scale_a, sw.t(), out_dtype=torch.float32,
                     bias=None if bias is None else bias.float())
     assert out.shape == lead + (N,) and out.dtype == out_dtype, what
-    assert rel_err(out, ref) < BLOCK_TOL[out_dtype], what
+    # Shapes the block kernels do not take (N not a multiple of 8, one scale over N <= 128) fall to
+    # the torch provider, whose paths (cuBLASLt blockwise, or operands dequantized to bf16) carry
+    # bf16-level error: its tolerance in test_random_torch_provider.
+    tol = BLOCK_TOL[out_dtype] if what["provider"] == "cutlass" else 1e-2
+    err = rel_err(out, ref)
+    assert err < tol, {**what, "err": err, "tol": tol}
 
 
 GROUPED_SCALES = ("tensor", "token_channel", "block")
