@@ -333,6 +333,8 @@ class TorchProvider(Provider):
 
     def grouped_scaled_mm(self, a, b, scale_a, scale_b, offsets, out_dtype, bias, problem):
         path, compute = self.plan(a.device, problem)
+        if b.shape[0] > tp.GROUPED_MAX_GROUPS:
+            path = tp.GROUPED_LOOP
         if path == tp.GROUPED_SCALED:
             return torch_grouped.scaled_grouped_mm(a, b, scale_a, scale_b, offsets, out_dtype, bias, problem)
         if path == tp.GROUPED_DEQUANT:

@@ -154,6 +154,11 @@ def grouped_mm_ok(device) -> bool:
     return device.backend == "cpu" and TORCH >= (2, 9)
 
 
+# torch's CUDA grouped GEMMs refuse 1024 groups or more ("Can't process more than 1024 groups");
+# grouped_scaled_mm takes up to 1024, so calls with more than this go to the per-group loop.
+GROUPED_MAX_GROUPS = 1023
+
+
 def grouped_path(device, problem) -> str:
     """The torch provider's path for a grouped_scaled_mm problem on a device."""
     # Both torch ops need 16-byte aligned strides: K and N multiples of 16 (fp8) / 8 (16-bit).

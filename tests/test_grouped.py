@@ -152,6 +152,25 @@ def test_torch_dequant_path_in_chunks_of_groups(gen, monkeypatch, family):
     assert torch.equal(qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, bias=bias), whole)
 
 
+def test_torch_provider_past_torchs_group_limit_loops(gen, monkeypatch):
+    """torch's CUDA grouped GEMMs refuse 1024 groups: past GROUPED_MAX_GROUPS the provider takes its
+    per-group loop (here with the limit lowered to 4, and the grouped ops made to fail if called)."""
+    from qbackend_providers import torch_grouped, torch_paths
+
+    a, b, sa, sb, offsets, bias = operands(gen, group_sizes("uniform", 6, gen), family="token_channel",
+                                           bias_dtype=torch.bfloat16)
+    ref = qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, bias=bias)
+    force(monkeypatch, "torch")
+    monkeypatch.setattr(torch_paths, "GROUPED_MAX_GROUPS", 4)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch's grouped op called past the group limit")
+    monkeypatch.setattr(torch_grouped, "dequant_grouped_mm", refuse)
+    monkeypatch.setattr(torch_grouped, "scaled_grouped_mm", refuse)
+    out = qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, bias=bias)
+    assert rel_err(out, ref.float()) < 2 ** -7
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("N", [160, 136])   # 136: not a multiple of 16, the per-group loop
 def test_torch_provider_against_reference(gen, monkeypatch, family, N):
