@@ -7,7 +7,7 @@ import torch
 
 from . import dtypes as qd
 from . import ops
-from .validate import _fail
+from .validate import _fail, check_index_values
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int):
@@ -33,12 +33,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int):
     if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts <= 0:
         _fail(fn, "num_experts", "must be a positive int", repr(num_experts))
     flat = topk_ids.reshape(-1).long()
-    # On the CPU the check is cheap; under torch.compile the values are not known while tracing.
-    if flat.device.type == "cpu" and flat.numel() and not torch.compiler.is_compiling():
-        lo, hi = int(flat.min()), int(flat.max())
-        if lo < 0 or hi >= num_experts:
-            _fail(fn, "topk_ids", f"values must lie in [0, num_experts) = [0, {num_experts})",
-                  f"values from {lo} to {hi}")
+    check_index_values(fn, "topk_ids", flat, num_experts, "num_experts")
     # A stable sort keeps each expert's rows in token order (deterministic, and reads in order).
     permutation = torch.argsort(flat, stable=True)
     # scatter_add into a fixed-size count, not bincount: bincount sizes its output from the data's

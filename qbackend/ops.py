@@ -78,7 +78,7 @@ def gather_quantize_impl(x, index, dtype, granularity, group_size):
     index = index.long()
     rows, K = index.numel(), x.shape[1]
     if rows == 0 or K == 0:
-        shape = (rows, -(-K // group_size)) if granularity == "group" else (rows, 1)
+        shape = quantize_scale_shape((rows, K), granularity, group_size, (128, 128))
         return (x.new_empty((rows, K), dtype=dtype),
                 x.new_full(shape, qd.min_scale(dtype), dtype=torch.float32))
 
@@ -100,7 +100,7 @@ def gather_quantize_op(x: torch.Tensor, index: torch.Tensor, dtype: torch.dtype,
 def _gather_quantize_fake(x, index, dtype, granularity, group_size):
     validate_gather_quantize(x, index, dtype, granularity, group_size)
     rows, K = index.shape[0], x.shape[1]
-    shape = (rows, -(-K // group_size)) if granularity == "group" else (rows, 1)
+    shape = quantize_scale_shape((rows, K), granularity, group_size, (128, 128))
     return x.new_empty((rows, K), dtype=dtype), x.new_empty(shape, dtype=torch.float32)
 
 

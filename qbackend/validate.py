@@ -260,8 +260,18 @@ def _check_positive_finite(fn: str, arg: str, s: torch.Tensor):
               "quantizes to nothing usable)", f"{int(bad.sum())} such value(s), the first {first}")
 
 
-def quantize_scale_shape(x: torch.Tensor, granularity: str, group: int, block: tuple) -> tuple:
-    shape = tuple(int(d) for d in x.shape)
+def check_index_values(fn: str, arg: str, t: torch.Tensor, bound: int, bound_name: str) -> None:
+    """An integer tensor's values within [0, bound), read on the CPU in eager mode only: on a GPU
+    (or while tracing) reading them would be a host sync."""
+    if t.device.type == "cpu" and t.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= bound:
+            _fail(fn, arg, f"values must lie in [0, {bound_name}) = [0, {bound})", f"values from {lo} to {hi}")
+
+
+def quantize_scale_shape(x, granularity: str, group: int, block: tuple) -> tuple:
+    """The scale's shape for quantizing x (a tensor, or its shape) at a granularity."""
+    shape = tuple(int(d) for d in (x.shape if isinstance(x, torch.Tensor) else x))
     if granularity == "tensor":
         return ()
     if granularity in ("token", "channel"):

@@ -17,6 +17,7 @@ from .validate import (
     _fail,
     _shape,
     check_bias,
+    check_index_values,
     check_out_dtype,
     scale_extents,
     validate_quantize,
@@ -168,8 +169,5 @@ def validate_gather_quantize(x, index, dtype, granularity, group_size_) -> Probl
         _fail(fn, "granularity", "must be 'token' or 'group'", repr(granularity))
     if index.numel() and x.shape[0] == 0:
         _fail(fn, "x", "must have at least one row when index is not empty", _shape(x))
-    if index.device.type == "cpu" and index.numel() and not torch.compiler.is_compiling():
-        lo, hi = int(index.min()), int(index.max())
-        if lo < 0 or hi >= x.shape[0]:
-            _fail(fn, "index", f"values must lie in [0, x.shape[0]) = [0, {x.shape[0]})", f"values from {lo} to {hi}")
+    check_index_values(fn, "index", index, x.shape[0], "x.shape[0]")
     return validate_quantize(x, dtype, granularity, None, None, group_size_, (128, 128), fn)

@@ -97,7 +97,6 @@ class QuantMoE(nn.Module):
             raise ValueError(f"QuantMoE: top_k: must be an int in [1, {E}]; got {top_k!r}")
         self.num_experts, self.hidden, self.intermediate, self.top_k = E, H, two_i // 2, top_k
         self.routing = routing or Routing(renormalize=renormalize)
-        self.renormalize = self.routing.renormalize
         if E % self.routing.n_group or (self.routing.n_group > 1 and
                                          top_k > self.routing.topk_group * (E // self.routing.n_group)):
             raise ValueError(f"QuantMoE: routing: {E} experts in n_group={self.routing.n_group} groups of which "
@@ -111,6 +110,10 @@ class QuantMoE(nn.Module):
         self.register_buffer("w13_scale", w13_scale.float())
         self.register_buffer("w2", w2)
         self.register_buffer("w2_scale", w2_scale.float())
+
+    @property
+    def renormalize(self) -> bool:
+        return self.routing.renormalize
 
     @classmethod
     def from_experts(cls, router_weight: torch.Tensor, gate: list, up: list, down: list, top_k: int,
