@@ -10,12 +10,17 @@ Block-scaled FP8 (1 x 128 activation groups, 128 x 128 weight blocks, DeepSeek-s
 sums are scaled and added into a second fp32 accumulator. Scales are read as scaled_mm receives
 them ([M, Kb] and [Kb, Nb], the prepared layout), the last group or block may be partial.
 
-Grouped FP8 (the expert layers of a mixture of experts, grouped_scaled_mm) runs the sm_89 family's
-mma.sync kernels (natively on Ada, through their PTX on newer GPUs), each CTA finding its group from
-the offsets on the device: no host sync, capturable in CUDA graphs. Block scales by default from
-sm_89 up (the torch provider has no grouped blockwise op and would dequantize every expert per
-call); per-token / per-channel scales by default on sm_89, where torch has no grouped FP8 GEMM (on
-sm_90 torch._scaled_grouped_mm serves them; forcing cutlass runs these kernels there too).
+Grouped FP8 (the expert layers of a mixture of experts, grouped_scaled_mm): on sm_90, block scales
+without bias run the sm_90a family (CUTLASS's ptr-array TMA + WGMMA kernel; a small kernel turns
+the device offsets into each group's sizes and pointers first, in a workspace taken from torch's
+allocator). Everything else runs the sm_89 family's mma.sync kernels (natively on Ada, through
+their PTX on newer GPUs), each CTA finding its group from the offsets on the device. Neither syncs
+with the host: both capture in CUDA graphs. Block scales by default from sm_89 up (the torch
+provider has no grouped blockwise op and would dequantize every expert per call); per-token /
+per-channel scales by default on sm_89, where torch has no grouped FP8 GEMM (on sm_90
+torch._scaled_grouped_mm serves them; forcing cutlass runs the sm_89 kernels there too).
+QBACKEND_CUTLASS_VARIANT=89 keeps grouped calls on the sm_89 family; 90 asks for the sm_90a one
+where it takes the call.
 
 QBACKEND_CUTLASS_VARIANT=90|89|80|75 forces a kernel family (for verifying the PTX-embedded older
 families on a newer chip); unset, the library picks the best family built for the device.
@@ -261,8 +266,11 @@ class CutlassProvider(Provider):
             scale_a = scale_a.reshape(-1).contiguous()
             scale_b = (scale_b.reshape(-1).expand(G) if scale_b.numel() == 1 else scale_b.reshape(G, -1)).contiguous()
         out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+        # A forced family where it can take the call (the sm_90a one takes block scales without bias).
+        variant = self.variant if self.variant == 89 or (self.variant == 90 and block and bias is None) else 0
         return native.grouped_scaled_mm(a, b, scale_a, scale_b, offsets.contiguous(),
-                                        None if bias is None else bias.contiguous(), out, block=block)
+                                        None if bias is None else bias.contiguous(), out, block=block,
+                                        variant=variant)
 
     def _token_storage_rows(self, M: int, dtype, device) -> int:
         """FP8 activations for the sm_90a GEMM get storage for whole token tiles (rows past M left

@@ -12,9 +12,9 @@ created).
     scaled_mm(a, b, scale_a, scale_b, bias, out)   # out[M, N] = scale_a * scale_b * (a @ b) + bias
     quantize(x2d, q, scale, mode, scale_ub, workspace)
 
-Both are CUDA-graph capturable: no host sync; the only allocation is scaled_mm's split-K workspace,
-taken from torch's caching allocator (graph-private memory while capturing). Errors raise
-RuntimeError with the library's message.
+All are CUDA-graph capturable: no host sync; the only allocations are scaled_mm's split-K workspace
+and the sm_90a grouped family's argument arrays, taken from torch's caching allocator (graph-private
+memory while capturing). Errors raise RuntimeError with the library's message.
 """
 from __future__ import annotations
 
@@ -124,6 +124,11 @@ def _bind(lib) -> None:
         lib.qb_grouped_scaled_mm_config_name.restype = c.c_char_p
         lib.qb_grouped_scaled_mm_override.argtypes = [ip]
         lib.qb_grouped_scaled_mm_override.restype = None
+    if hasattr(lib, "qb_grouped_scaled_mm_ws"):  # absent from libraries built before the sm90 family
+        lib.qb_grouped_scaled_mm_ws.argtypes = lib.qb_grouped_scaled_mm.argtypes[:-3] + [vp, sz, vp, c.c_char_p, sz]
+        lib.qb_grouped_scaled_mm_ws.restype = ip
+        lib.qb_grouped_scaled_mm_workspace_size.argtypes = [i64, i64, i64, i64, ip, ip, ip, ip]
+        lib.qb_grouped_scaled_mm_workspace_size.restype = sz
     lib.qb_set_programmatic_launch.argtypes = [ip]
     lib.qb_set_programmatic_launch.restype = None
     lib.qb_quantize.argtypes = [vp, i64, vp, i64, fp, i64, i64, ip, ip, ip, fp, vp, vp, c.c_char_p, sz]
@@ -365,6 +370,7 @@ def grouped_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
     bf16/fp16, unit column stride; offsets: int32 [G] contiguous; bias: None or contiguous [G, N]
     in out's dtype. Scales, contiguous fp32: block=False: scale_a 1 or M values, scale_b G values (one
     per group) or [G, N]; block=True: scale_a [M, ceil(K/128)], scale_b [G, ceil(K/128), ceil(N/128)].
+    Where the library's choice wants a workspace (the sm_90a family), it is allocated here.
     """
     lib = _need()
     if not hasattr(lib, "qb_grouped_scaled_mm"):
@@ -401,17 +407,41 @@ def grouped_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
     ldo = out.stride(0) if M > 1 else N
     ldb = b.stride(2) if N > 1 else K
     ldb_group = b.stride(0) if G > 1 else N * ldb
+    oc = _code(out, "out")
     with _on_device(a.device) as dev:
         stream = torch.cuda.current_stream(dev).cuda_stream
+        workspace = None
+        if hasattr(lib, "qb_grouped_scaled_mm_ws"):
+            key = ("grouped", dev, M, N, K, G, oc, kind_a, bias is not None, variant)
+            need = _ws_need.get(key)
+            if need is None:
+                need = int(lib.qb_grouped_scaled_mm_workspace_size(M, N, K, G, oc, kind_a, int(bias is not None),
+                                                                   int(variant)))
+                _ws_need.put(key, need)
+            if need:
+                workspace = torch.empty(need, dtype=torch.uint8, device=a.device)
+        args = (a.data_ptr(), lda, b.data_ptr(), ldb, ldb_group, out.data_ptr(), ldo, offsets.data_ptr(), M, N, K, G,
+                _code(a, "a"), _code(b, "b"), oc, scale_a.data_ptr(), kind_a, scale_b.data_ptr(), kind_b,
+                bias.data_ptr() if bias is not None else None, int(variant))
         buf = _errbuf()
-        st = lib.qb_grouped_scaled_mm(a.data_ptr(), lda, b.data_ptr(), ldb, ldb_group, out.data_ptr(), ldo,
-                                      offsets.data_ptr(), M, N, K, G, _code(a, "a"), _code(b, "b"),
-                                      _code(out, "out"), scale_a.data_ptr(), kind_a, scale_b.data_ptr(), kind_b,
-                                      bias.data_ptr() if bias is not None else None, int(variant), stream,
-                                      buf, _ERR_LEN)
+        if workspace is not None:
+            st = lib.qb_grouped_scaled_mm_ws(*args, workspace.data_ptr(), workspace.numel(), stream, buf, _ERR_LEN)
+        else:
+            st = lib.qb_grouped_scaled_mm(*args, stream, buf, _ERR_LEN)
     if st:
         _raise("qb_grouped_scaled_mm", st, buf)
     return out
+
+
+def grouped_workspace_size(M: int, N: int, K: int, groups: int, out_dtype: torch.dtype, block: bool,
+                           bias: bool = False, variant: int = 0) -> int:
+    """Bytes of workspace grouped_scaled_mm allocates for such a call on the current device (0: none)."""
+    lib = _need()
+    if not hasattr(lib, "qb_grouped_scaled_mm_workspace_size"):
+        return 0
+    kind = _SCALE_BLOCK if block else _SCALE_ROW
+    return int(lib.qb_grouped_scaled_mm_workspace_size(M, N, K, groups, _DTYPE[out_dtype], kind, int(bias),
+                                                       int(variant)))
 
 
 def grouped_config_names(variant: int = 89) -> list[str]:

@@ -268,6 +268,26 @@ def test_grouped_configs_are_named():
     assert native.grouped_config_names(89) == ["sm89_grouped_32x64x128_s4", "sm89_grouped_128x128x128_s3"]
 
 
+def test_sm90_grouped_configs_are_named():
+    if not native.has_variant("grouped_scaled_mm_fp8", 90):
+        pytest.skip("sm_90a grouped family not built")
+    assert native.grouped_config_names(90) == ["sm90_grouped_swap_128x32x128", "sm90_grouped_128x128x128"]
+
+
+def test_grouped_workspace_is_checked_before_the_device():
+    """A misaligned workspace is refused by name; a query without a GPU wants none."""
+    lib = native.load()
+    if not hasattr(lib, "qb_grouped_scaled_mm_ws"):
+        pytest.skip(f"{native.library_path()} predates qb_grouped_scaled_mm_ws")
+    buf = native._errbuf()
+    fake = 1 << 20  # aligned addresses the host never dereferences
+    st = lib.qb_grouped_scaled_mm_ws(fake, 256, fake, 256, 256 * 128, fake, 128, fake, 8, 128, 256, 2, E4M3, E4M3,
+                                     BF16, fake, 2, fake, 2, None, 0, fake + 4, 4096, None, buf, native._ERR_LEN)
+    assert st == 1 and "256-byte aligned" in buf.value.decode(), buf.value
+    if not torch.cuda.is_available():
+        assert native.grouped_workspace_size(8, 128, 256, 2, torch.bfloat16, block=True) == 0
+
+
 def _gather_status(x_rows=4, index=None, rows=3, cols=256, group=0, ld_scale=0, q_dtype=E4M3):
     lib = native.load()
     if not hasattr(lib, "qb_quantize_gather"):

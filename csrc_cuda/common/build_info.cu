@@ -38,6 +38,9 @@ const Variant kVariants[] = {
 #ifdef QB_HAS_SCALED_MM_FP8_BLOCK_89
     {"scaled_mm_fp8_block", QB_VARIANT_SM89},
 #endif
+#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_90
+    {"grouped_scaled_mm_fp8", QB_VARIANT_SM90},
+#endif
 #ifdef QB_HAS_GROUPED_SCALED_MM_FP8_89
     {"grouped_scaled_mm_fp8", QB_VARIANT_SM89},
 #endif

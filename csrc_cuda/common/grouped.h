@@ -26,6 +26,8 @@ struct GroupedArgs {
   const float* scale_b;      // else [G] or [G, N] (scale_b_per_col)
   bool scale_b_per_col;
   const void* bias;          // NULL or [G, N] of out_dtype
+  void* workspace;           // NULL or workspace_size bytes of device memory (the sm90 family's)
+  size_t workspace_size;
   cudaStream_t stream;
   int config;                // -1: automatic
 };
@@ -34,5 +36,14 @@ struct GroupedArgs {
 int sm89_fp8_grouped_scaled_mm(const GroupedArgs& args, const Err& err);
 int sm89_fp8_grouped_config_count();
 const char* sm89_fp8_grouped_config_name(int config);
+
+// TMA + WGMMA on sm_90a, block scales only, N and K multiples of 128, no bias
+// (sm90/fp8_grouped_sm90_dispatch.cu). sm90_fp8_grouped_supports says whether a request is one it
+// takes; its workspace is the per-group argument arrays it writes on the device.
+bool sm90_fp8_grouped_supports(const GroupedArgs& args);
+int sm90_fp8_grouped_scaled_mm(const GroupedArgs& args, int sm_count, const Err& err);
+size_t sm90_fp8_grouped_workspace(const GroupedArgs& args, int sm_count);
+int sm90_fp8_grouped_config_count();
+const char* sm90_fp8_grouped_config_name(int config);
 
 }  // namespace qb

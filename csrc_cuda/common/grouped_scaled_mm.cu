@@ -14,6 +14,9 @@ thread_local int t_grouped_config = -1;  // qb_grouped_scaled_mm_override
 constexpr int64_t kMaxGroups = 1024;
 
 bool built(int variant) {
+#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_90
+  if (variant == QB_VARIANT_SM90) return true;
+#endif
 #ifdef QB_HAS_GROUPED_SCALED_MM_FP8_89
   if (variant == QB_VARIANT_SM89) return true;
 #endif
@@ -21,10 +24,44 @@ bool built(int variant) {
   return false;
 }
 
-// AUTO -> the sm89 family where it is built and the device runs its SASS or PTX (8.9 and newer).
-int resolve_variant(int variant, int cc, const qb::Err& err, int* out) {
-  if (variant != QB_VARIANT_AUTO && variant != QB_VARIANT_SM89)
-    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_grouped_scaled_mm: variant %d must be 0 (auto) or 89", variant);
+// The sm90 family runs where its sm_90a code does (compute capability 9.0 exactly) and takes block
+// scales without bias; with the workspace it needs it is the automatic choice there.
+bool sm90_takes(const qb::GroupedArgs& args, int cc) {
+#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_90
+  return cc == 90 && qb::sm90_fp8_grouped_supports(args);
+#else
+  (void)args;
+  (void)cc;
+  return false;
+#endif
+}
+
+size_t sm90_workspace(const qb::GroupedArgs& args, int sm_count) {
+#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_90
+  return qb::sm90_fp8_grouped_workspace(args, sm_count);
+#else
+  (void)args;
+  (void)sm_count;
+  return 0;
+#endif
+}
+
+// AUTO -> sm90 where it takes the request and has its workspace, else the sm89 family where it is
+// built and the device runs its SASS or PTX (8.9 and newer).
+int resolve_variant(int variant, const qb::GroupedArgs& args, int cc, int sm_count, const qb::Err& err, int* out) {
+  if (variant != QB_VARIANT_AUTO && variant != QB_VARIANT_SM89 && variant != QB_VARIANT_SM90)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "qb_grouped_scaled_mm: variant %d must be 0 (auto), 89 or 90", variant);
+  if (variant == QB_VARIANT_SM90 ||
+      (variant == QB_VARIANT_AUTO && sm90_takes(args, cc) && args.workspace != nullptr &&
+       args.workspace_size >= sm90_workspace(args, sm_count))) {
+    if (!built(QB_VARIANT_SM90))
+      return err.set(QB_ERR_NOT_BUILT, "qb_grouped_scaled_mm: the sm90 family was not compiled into this library");
+    if (cc != 90)
+      return err.set(QB_ERR_UNSUPPORTED, "qb_grouped_scaled_mm: the sm90 family needs compute capability 9.0, "
+                     "this device is %d.%d", cc / 10, cc % 10);
+    *out = QB_VARIANT_SM90;
+    return QB_OK;
+  }
   if (!built(QB_VARIANT_SM89))
     return err.set(QB_ERR_NOT_BUILT, "qb_grouped_scaled_mm: the sm89 family was not compiled into this library");
   if (cc < 89)
@@ -89,22 +126,10 @@ int check(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t ldb_gr
   return QB_OK;
 }
 
-}  // namespace
-
-extern "C" int qb_grouped_scaled_mm(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t ldb_group,
-                                    void* out, int64_t ldo, const int32_t* offsets, int64_t M, int64_t N, int64_t K,
-                                    int64_t groups, int a_dtype, int b_dtype, int out_dtype, const float* scale_a,
-                                    int scale_a_kind, const float* scale_b, int scale_b_kind, const void* bias,
-                                    int variant, void* stream, char* err, size_t err_len) {
-  const qb::Err e{err, err_len};
-  if (err && err_len) err[0] = '\0';
-  int st = check(a, lda, b, ldb, ldb_group, out, ldo, offsets, M, N, K, groups, a_dtype, b_dtype, out_dtype, scale_a,
-                 scale_a_kind, scale_b, scale_b_kind, bias, e);
-  if (st != QB_OK || M == 0) return st;
-  qb::DeviceInfo dev;
-  if ((st = qb::current_device(&dev, e)) != QB_OK) return st;
-  int fam = 0;
-  if ((st = resolve_variant(variant, dev.cc, e, &fam)) != QB_OK) return st;
+qb::GroupedArgs make_args(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t ldb_group, void* out,
+                          int64_t ldo, const int32_t* offsets, int64_t M, int64_t N, int64_t K, int64_t groups,
+                          int out_dtype, const float* scale_a, int scale_a_kind, const float* scale_b,
+                          int scale_b_kind, const void* bias, void* workspace, size_t workspace_size, void* stream) {
   qb::GroupedArgs args{};
   args.a = a;
   args.lda = lda;
@@ -125,17 +150,77 @@ extern "C" int qb_grouped_scaled_mm(const void* a, int64_t lda, const void* b, i
   args.scale_b = scale_b;
   args.scale_b_per_col = scale_b_kind == QB_SCALE_ROW;
   args.bias = bias;
+  args.workspace = workspace;
+  args.workspace_size = workspace ? workspace_size : 0;
   args.stream = static_cast<cudaStream_t>(stream);
   args.config = t_grouped_config;
-#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_89
-  return qb::sm89_fp8_grouped_scaled_mm(args, e);
-#else
-  (void)fam;
-  return e.set(QB_ERR_NOT_BUILT, "qb_grouped_scaled_mm: no grouped family in this library");
+  return args;
+}
+
+int run(const qb::GroupedArgs& args, int family, int sm_count, const qb::Err& e) {
+#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_90
+  if (family == QB_VARIANT_SM90) return qb::sm90_fp8_grouped_scaled_mm(args, sm_count, e);
 #endif
+#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_89
+  if (family == QB_VARIANT_SM89) return qb::sm89_fp8_grouped_scaled_mm(args, e);
+#endif
+  (void)args;
+  (void)sm_count;
+  return e.set(QB_ERR_NOT_BUILT, "qb_grouped_scaled_mm: family %d is not in this library", family);
+}
+
+}  // namespace
+
+extern "C" int qb_grouped_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t ldb_group,
+                                       void* out, int64_t ldo, const int32_t* offsets, int64_t M, int64_t N,
+                                       int64_t K, int64_t groups, int a_dtype, int b_dtype, int out_dtype,
+                                       const float* scale_a, int scale_a_kind, const float* scale_b,
+                                       int scale_b_kind, const void* bias, int variant, void* workspace,
+                                       size_t workspace_size, void* stream, char* err, size_t err_len) {
+  const qb::Err e{err, err_len};
+  if (err && err_len) err[0] = '\0';
+  int st = check(a, lda, b, ldb, ldb_group, out, ldo, offsets, M, N, K, groups, a_dtype, b_dtype, out_dtype, scale_a,
+                 scale_a_kind, scale_b, scale_b_kind, bias, e);
+  if (st != QB_OK || M == 0) return st;
+  if (workspace && (reinterpret_cast<uintptr_t>(workspace) & 255))
+    return e.set(QB_ERR_INVALID_ARGUMENT, "qb_grouped_scaled_mm: workspace must be 256-byte aligned");
+  qb::DeviceInfo dev;
+  if ((st = qb::current_device(&dev, e)) != QB_OK) return st;
+  const qb::GroupedArgs args = make_args(a, lda, b, ldb, ldb_group, out, ldo, offsets, M, N, K, groups, out_dtype,
+                                         scale_a, scale_a_kind, scale_b, scale_b_kind, bias, workspace,
+                                         workspace_size, stream);
+  int family = 0;
+  if ((st = resolve_variant(variant, args, dev.cc, dev.sm_count, e, &family)) != QB_OK) return st;
+  return run(args, family, dev.sm_count, e);
+}
+
+extern "C" int qb_grouped_scaled_mm(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t ldb_group,
+                                    void* out, int64_t ldo, const int32_t* offsets, int64_t M, int64_t N, int64_t K,
+                                    int64_t groups, int a_dtype, int b_dtype, int out_dtype, const float* scale_a,
+                                    int scale_a_kind, const float* scale_b, int scale_b_kind, const void* bias,
+                                    int variant, void* stream, char* err, size_t err_len) {
+  return qb_grouped_scaled_mm_ws(a, lda, b, ldb, ldb_group, out, ldo, offsets, M, N, K, groups, a_dtype, b_dtype,
+                                 out_dtype, scale_a, scale_a_kind, scale_b, scale_b_kind, bias, variant, nullptr, 0,
+                                 stream, err, err_len);
+}
+
+extern "C" size_t qb_grouped_scaled_mm_workspace_size(int64_t M, int64_t N, int64_t K, int64_t groups,
+                                                      int out_dtype, int scale_kind, int has_bias, int variant) {
+  if (M <= 0 || N <= 0 || K <= 0 || groups < 1 || groups > kMaxGroups) return 0;
+  if (variant != QB_VARIANT_AUTO && variant != QB_VARIANT_SM90) return 0;
+  qb::DeviceInfo dev;
+  char sink[8];
+  if (qb::current_device(&dev, qb::Err{sink, sizeof(sink)}) != QB_OK) return 0;
+  const qb::GroupedArgs args =
+      make_args(nullptr, K, nullptr, K, 0, nullptr, N, nullptr, M, N, K, groups, out_dtype, nullptr, scale_kind,
+                nullptr, scale_kind, has_bias ? reinterpret_cast<const void*>(1) : nullptr, nullptr, 0, nullptr);
+  return sm90_takes(args, dev.cc) ? sm90_workspace(args, dev.sm_count) : 0;
 }
 
 extern "C" int qb_grouped_scaled_mm_config_count(int variant) {
+#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_90
+  if (variant == QB_VARIANT_SM90) return qb::sm90_fp8_grouped_config_count();
+#endif
 #ifdef QB_HAS_GROUPED_SCALED_MM_FP8_89
   if (variant == QB_VARIANT_SM89) return qb::sm89_fp8_grouped_config_count();
 #endif
@@ -144,6 +229,9 @@ extern "C" int qb_grouped_scaled_mm_config_count(int variant) {
 }
 
 extern "C" const char* qb_grouped_scaled_mm_config_name(int variant, int config) {
+#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_90
+  if (variant == QB_VARIANT_SM90) return qb::sm90_fp8_grouped_config_name(config);
+#endif
 #ifdef QB_HAS_GROUPED_SCALED_MM_FP8_89
   if (variant == QB_VARIANT_SM89) return qb::sm89_fp8_grouped_config_name(config);
 #endif

@@ -119,7 +119,7 @@ const char* qb_scaled_mm_block_config_name(int variant, int config);
 
 /* Grouped scaled_mm: the expert layers of a mixture of experts in one call (ABI 1 addition; op
  * "grouped_scaled_mm_fp8" in qb_has_variant: the sm89 family, mma.sync e4m3, which newer GPUs run
- * through its PTX). Group g is rows [offsets[g-1], offsets[g]) of A (from row 0 for g = 0); its rows
+ * through its PTX, and on compute capability 9.0 the sm90 family for block scales without bias). Group g is rows [offsets[g-1], offsets[g]) of A (from row 0 for g = 0); its rows
  * of out are scaled_mm's of those rows with group g's weight, scales and bias:
  *   out[r, n] = (scale_a(r) * scale_b(g, n)) * sum_k A[r, k] B_g[k, n] + bias[g, n]   (fp32 accumulation)
  * or, with block scales, the sum over 128-deep K blocks of each block's products times its two scales.
@@ -138,9 +138,9 @@ const char* qb_scaled_mm_block_config_name(int variant, int config);
  *   bias: NULL or [G, N] contiguous in out_dtype.
  *   Rules (QB_ERR_INVALID_ARGUMENT): 1 <= G <= 1024, K % 16 == 0, N % 8 == 0, M >= 0; a, b, out
  *   16-byte aligned and lda, ldb, ldb_group, ldo * 2 multiples of 16 bytes; scales and offsets 4-byte
- *   aligned. M == 0 returns QB_OK and launches nothing. No workspace. variant: QB_VARIANT_AUTO or
- *   QB_VARIANT_SM89. qb_grouped_scaled_mm_override forces a config for the calling thread's later
- *   calls (tests; -1: automatic). */
+ *   aligned. M == 0 returns QB_OK and launches nothing. variant: QB_VARIANT_AUTO, QB_VARIANT_SM89 or
+ *   QB_VARIANT_SM90. qb_grouped_scaled_mm_override forces a config of the family that runs for the
+ *   calling thread's later calls (tests; -1: automatic). */
 int qb_grouped_scaled_mm(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t ldb_group, void* out,
                          int64_t ldo, const int32_t* offsets, int64_t M, int64_t N, int64_t K, int64_t groups,
                          int a_dtype, int b_dtype, int out_dtype, const float* scale_a, int scale_a_kind,
@@ -149,6 +149,21 @@ int qb_grouped_scaled_mm(const void* a, int64_t lda, const void* b, int64_t ldb,
 int qb_grouped_scaled_mm_config_count(int variant);
 const char* qb_grouped_scaled_mm_config_name(int variant, int config);
 void qb_grouped_scaled_mm_override(int config);
+
+/* qb_grouped_scaled_mm_ws is qb_grouped_scaled_mm with a caller-provided device workspace (256-byte
+ * aligned), which the sm90 family needs: it writes each group's problem size and operand pointers
+ * there on the device (from offsets, so still no host sync) before its GEMM. The workspace is
+ * scratch for this call alone, stream-ordered as qb_scaled_mm_ws's. qb_grouped_scaled_mm_workspace_size
+ * says how many bytes the automatic choice (or variant) wants on the current device for these sizes,
+ * scale kind (QB_SCALE_*) and bias (nonzero: present); 0 when the sm89 family serves them. With less
+ * (or NULL), QB_VARIANT_AUTO runs the sm89 family and QB_VARIANT_SM90 is QB_ERR_INVALID_ARGUMENT. */
+size_t qb_grouped_scaled_mm_workspace_size(int64_t M, int64_t N, int64_t K, int64_t groups, int out_dtype,
+                                           int scale_kind, int has_bias, int variant);
+int qb_grouped_scaled_mm_ws(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t ldb_group, void* out,
+                            int64_t ldo, const int32_t* offsets, int64_t M, int64_t N, int64_t K, int64_t groups,
+                            int a_dtype, int b_dtype, int out_dtype, const float* scale_a, int scale_a_kind,
+                            const float* scale_b, int scale_b_kind, const void* bias, int variant, void* workspace,
+                            size_t workspace_size, void* stream, char* err, size_t err_len);
 
 /* Tuning and tests only. Kernel configs of a (resolved, non-AUTO) variant for a dtype: their
  * count, and their names (NULL past the end). qb_scaled_mm_override forces, for the calling

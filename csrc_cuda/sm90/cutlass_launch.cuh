@@ -51,31 +51,48 @@ void set_schedule(SchedulerArgs& s, const RunOpts& o) {
   }
 }
 
-// Runs one CUTLASS GEMM on p.stream; `family` and `name` only label error messages.
+// Where and how a CUTLASS GEMM runs: its stream, the caller's workspace, and whether it may start
+// as a programmatic dependent of the previous kernel.
+struct GemmLaunch {
+  cudaStream_t stream;
+  void* workspace;
+  size_t workspace_size;
+  bool programmatic;
+};
+
+// Runs one CUTLASS GEMM; `family`, `name` and M, N, K only label error messages.
 template <class Gemm>
-int launch_gemm(const typename Gemm::Arguments& args, const ScaledMmArgs& p, bool programmatic, const Err& err,
-                const char* family, const char* name) {
+int launch_gemm(const typename Gemm::Arguments& args, const GemmLaunch& at, const Err& err, const char* family,
+                const char* name, int64_t M, int64_t N, int64_t K) {
   cutlass::Status st = Gemm::can_implement(args);
   if (st != cutlass::Status::kSuccess)
     return err.set(QB_ERR_UNSUPPORTED, "sm90 %s config %s cannot implement M=%lld N=%lld K=%lld: %s", family, name,
-                   (long long)p.M, (long long)p.N, (long long)p.K, cutlass::cutlassGetStatusString(st));
+                   (long long)M, (long long)N, (long long)K, cutlass::cutlassGetStatusString(st));
   const size_t ws = Gemm::get_workspace_size(args);
-  if (ws > 0 && (p.workspace == nullptr || p.workspace_size < ws))
+  if (ws > 0 && (at.workspace == nullptr || at.workspace_size < ws))
     return err.set(QB_ERR_INVALID_ARGUMENT, "sm90 %s config %s needs %zu bytes of workspace, got %zu", family, name,
-                   ws, p.workspace ? p.workspace_size : size_t(0));
+                   ws, at.workspace ? at.workspace_size : size_t(0));
   Gemm gemm;
-  st = gemm.initialize(args, ws ? p.workspace : nullptr, p.stream);
+  st = gemm.initialize(args, ws ? at.workspace : nullptr, at.stream);
   if (st != cutlass::Status::kSuccess) {
     cudaError_t e = cudaGetLastError();
     return err.set(QB_ERR_CUDA, "sm90 %s config %s: CUTLASS initialize failed: %s (CUDA: %s)", family, name,
                    cutlass::cutlassGetStatusString(st), cudaGetErrorString(e));
   }
-  st = gemm.run(p.stream, /*cuda_adapter=*/nullptr, programmatic);
+  st = gemm.run(at.stream, /*cuda_adapter=*/nullptr, at.programmatic);
   cudaError_t e = cudaGetLastError();
   if (st != cutlass::Status::kSuccess || e != cudaSuccess)
     return err.set(QB_ERR_CUDA, "sm90 %s config %s: kernel launch failed: %s (CUDA: %s)", family, name,
                    cutlass::cutlassGetStatusString(st), cudaGetErrorString(e));
   return QB_OK;
+}
+
+// One scaled_mm's GEMM on p.stream with p's workspace.
+template <class Gemm>
+int launch_gemm(const typename Gemm::Arguments& args, const ScaledMmArgs& p, bool programmatic, const Err& err,
+                const char* family, const char* name) {
+  return launch_gemm<Gemm>(args, GemmLaunch{p.stream, p.workspace, p.workspace_size, programmatic}, err, family,
+                           name, p.M, p.N, p.K);
 }
 
 }  // namespace qb::sm90

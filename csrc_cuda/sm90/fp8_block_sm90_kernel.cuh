@@ -29,6 +29,7 @@
 #include <cutlass/gemm/kernel/tile_scheduler_params.h>
 #include <cutlass/util/packed_stride.hpp>
 
+#include "block_scaled_operands.h"
 #include "block_scaled_overlap_mainloop.cuh"
 #include "fp8_block_sm90_configs.h"
 #include "cutlass_launch.cuh"  // EarlyTriggerKernel, launch_gemm, set_schedule
@@ -38,26 +39,13 @@ namespace qb::sm90 {
 using namespace cute;
 
 template <class OutT_, class TileShape_, class ClusterShape_, bool kSwap_, bool kOverlap>
-struct Fp8BlockGemm {
-  using OutT = OutT_;
+struct Fp8BlockGemm : BlockScaledOperands<OutT_, kSwap_> {
+  using Operands = BlockScaledOperands<OutT_, kSwap_>;
+  using typename Operands::E4M3, typename Operands::LayoutA, typename Operands::LayoutB;
+  using typename Operands::LayoutD, typename Operands::LayoutSFA, typename Operands::LayoutSFB;
+  using typename Operands::OutT, typename Operands::ScaleConfig;
+  using Operands::kAlignAB, Operands::kAlignD, Operands::kSwap;
   using TileShape = TileShape_;
-  static constexpr bool kSwap = kSwap_;
-  static constexpr int kGroup = 128;
-
-  using E4M3 = cutlass::float_e4m3_t;
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutB = cutlass::layout::ColumnMajor;
-  using LayoutD = std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
-  static constexpr int kAlignAB = 16;
-  static constexpr int kAlignD = 16 / sizeof(OutT);
-
-  // GEMM-operand view of the scales: unswapped, A = tokens (1-row groups, K-major) and B = weight
-  // (128-row blocks, N-major); swapped, the other way round.
-  using ScaleConfig = std::conditional_t<
-      kSwap, cutlass::detail::Sm90BlockwiseScaleConfig<kGroup, 1, kGroup, GMMA::Major::MN, GMMA::Major::K>,
-      cutlass::detail::Sm90BlockwiseScaleConfig<1, kGroup, kGroup, GMMA::Major::K, GMMA::Major::MN>>;
-  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
-  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
   // out = acc + bias, the bias along the channels (GEMM columns unswapped, rows swapped).
   using RowBias = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, OutT, float, Stride<_1, _0, _0>>;

@@ -1,9 +1,11 @@
-"""The cutlass provider's grouped FP8 kernels (sm89 family, mma.sync; through their PTX on Hopper)
-forced, against float64 products of the same quantized operands and against the reference provider.
+"""The cutlass provider's grouped FP8 kernels forced, against float64 products of the same quantized
+operands and against the reference provider: the sm89 family (mma.sync; through its PTX on Hopper)
+and, on compute capability 9.0, the sm90 family (ptr-array TMA + WGMMA; block scales without bias).
 
-Every output is poisoned (NaN) before the call and checked NaN-free; both configs (narrow tiles for
-few rows per group, 128 x 128 above) are forced in turn. Also: malformed offsets (never read on the
-host) fault nothing and leave rows past the last end NaN, and a captured graph follows new routing.
+Every output is poisoned (NaN) before the call and checked NaN-free; each family's two configs
+(narrow or swapped tiles for few rows per group, 128 x 128 above) are forced in turn. Also:
+malformed offsets (never read on the host) fault nothing and leave rows past the last end NaN, and
+a captured graph follows new routing.
 """
 import pytest
 import torch
@@ -21,13 +23,22 @@ FAMILIES = ("tensor", "token_channel", "block")
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
-@pytest.fixture(autouse=True)
-def cutlass(monkeypatch):
-    if not native.has_variant("grouped_scaled_mm_fp8", 89):
-        pytest.skip(f"{native.library_path()} has no grouped kernels (sm89 family not built)")
-    with_provider(monkeypatch, "cutlass")
-    yield
+@pytest.fixture(autouse=True, params=[89, 90], ids=["sm89", "sm90"])
+def family_variant(request, monkeypatch):
+    """The grouped family under test; 90 runs only the calls it takes (block scales, no bias)."""
+    variant = request.param
+    if not native.has_variant("grouped_scaled_mm_fp8", variant):
+        pytest.skip(f"{native.library_path()} has no sm{variant} grouped kernels")
+    if variant == 90 and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 grouped family runs on compute capability 9.0 only")
+    with_provider(monkeypatch, "cutlass", QBACKEND_CUTLASS_VARIANT=str(variant))
+    yield variant
     native.grouped_override(-1)
+
+
+def only_block_on_sm90(variant, family):
+    if variant == 90 and family != "block":
+        pytest.skip("the sm90 grouped family takes block scales only")
 
 
 def sizes_for(dist: str, groups: int, rows: int, g) -> list:
@@ -90,14 +101,16 @@ def exact(a, b, sa, sb, offsets, bias, family):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dist", ["uniform", "skewed", "mostly_empty"])
 @pytest.mark.parametrize("groups,rows", [(1, 37), (8, 200), (64, 130), (128, 513), (256, 64)])
-def test_against_float64(groups, rows, dist, family, config):
+def test_against_float64(groups, rows, dist, family, config, family_variant):
+    only_block_on_sm90(family_variant, family)
     g = torch.Generator().manual_seed(groups * 101 + rows + len(dist) * 7 + len(family) + config)
     native.grouped_override(config)
     sizes = sizes_for(dist, groups, rows, g)
     # Partial last K and N blocks in the last two shapes; smaller ones where there are many experts.
     shapes = ((2048, 768), (1408, 2112), (7232, 520)) if groups <= 8 else ((2048, 256), (1408, 136))
     for K, N in shapes:
-        args = operands(g, sizes, K, N, family, bias=groups == 8, row_pad=32 if groups == 64 else 0)
+        bias = groups == 8 and family_variant == 89
+        args = operands(g, sizes, K, N, family, bias=bias, row_pad=32 if groups == 64 else 0)
         poison()
         out = qbackend.grouped_scaled_mm(*args[:5], bias=args[5])
         assert out.shape == (sum(sizes), N) and not out.isnan().any(), (K, N)
@@ -106,13 +119,14 @@ def test_against_float64(groups, rows, dist, family, config):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
-def test_issue_shapes_and_outputs_against_reference(family, out_dtype):
-    """K and N of the issue's layers (7168, 2048, 4096, 1408, 768), both output dtypes and a bias,
-    against the reference provider itself."""
+def test_issue_shapes_and_outputs_against_reference(family, out_dtype, family_variant):
+    """K and N of the issue's layers (7168, 2048, 4096, 1408, 768), both output dtypes and a bias
+    (sm89), against the reference provider itself."""
+    only_block_on_sm90(family_variant, family)
     g = torch.Generator().manual_seed(11 + len(family))
     for K, N in ((7168, 4096), (2048, 7168), (4096, 1408), (768, 2048)):
         sizes = sizes_for("uniform", 16, 48, g)
-        a, b, sa, sb, offsets, bias = operands(g, sizes, K, N, family, out_dtype, bias=True)
+        a, b, sa, sb, offsets, bias = operands(g, sizes, K, N, family, out_dtype, bias=family_variant == 89)
         poison()
         out = qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, out_dtype=out_dtype, bias=bias)
         ref = reference(qbackend.grouped_scaled_mm, a, b, sa, sb, offsets, out_dtype=out_dtype, bias=bias)
@@ -129,14 +143,16 @@ def test_as_many_groups_as_allowed():
     assert rel_err(out.double(), exact(*args, "block")) < TOL[out.dtype]
 
 
+@pytest.mark.parametrize("family", ["token_channel", "block"])
 @pytest.mark.parametrize("bad", ["short", "decreasing", "past_the_end", "negative"])
-def test_malformed_offsets_fault_nothing(bad):
+def test_malformed_offsets_fault_nothing(bad, family, family_variant):
     """offsets are data the host never reads: wrong ones must not fault; rows past the clamped last
     end are NaN, and valid groups before the first bad end are still right."""
+    only_block_on_sm90(family_variant, family)
     g = torch.Generator().manual_seed(7)
     sizes = [5, 0, 7, 4]
-    a, b, sa, sb, offsets, _ = operands(g, sizes, 512, 256, "token_channel")
-    good = exact(a, b, sa, sb, offsets, None, "token_channel")
+    a, b, sa, sb, offsets, _ = operands(g, sizes, 512, 256, family)
+    good = exact(a, b, sa, sb, offsets, None, family)
     wrong = {"short": [5, 5, 12, 13], "decreasing": [5, 3, 12, 16], "past_the_end": [5, 5, 12, 1 << 30],
              "negative": [-4, -4, 12, 16]}[bad]
     offsets.copy_(torch.tensor(wrong, dtype=torch.int32))
@@ -149,10 +165,12 @@ def test_malformed_offsets_fault_nothing(bad):
     assert rel_err(out[:5].double(), good[:5]) < TOL[out.dtype] or bad == "negative"
 
 
-def test_graph_replay_follows_new_routing():
+@pytest.mark.parametrize("M", [256, 4096])
+def test_graph_replay_follows_new_routing(M, family_variant):
     g = torch.Generator().manual_seed(9)
-    groups, M, K, N = 64, 256, 1024, 512
-    a, b, sa, sb, offsets, bias = operands(g, sizes_for("uniform", groups, M, g), K, N, "block", bias=True)
+    groups, K, N = 64, 1024, 512
+    bias = family_variant == 89
+    a, b, sa, sb, offsets, bias = operands(g, sizes_for("uniform", groups, M, g), K, N, "block", bias=bias)
     graph, out = captured(lambda: qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, bias=bias))
     for step in range(4):
         sizes = sizes_for(("skewed", "uniform", "mostly_empty", "uniform")[step], groups, M, g)
@@ -161,6 +179,18 @@ def test_graph_replay_follows_new_routing():
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out.double(), exact(a, b, sa, sb, offsets, bias, "block")) < TOL[out.dtype], step
+
+
+def test_sm90_family_is_the_automatic_choice_for_block_scales(family_variant):
+    """On compute capability 9.0 a block-scaled call without bias wants the sm90 family's workspace
+    (so the automatic choice takes it); with a bias, or per-token scales, none (the sm89 family)."""
+    if family_variant != 90:
+        pytest.skip("about the sm90 family")
+    M, N, K, G = 4096, 2048, 7168, 256
+    assert native.grouped_workspace_size(M, N, K, G, torch.bfloat16, block=True) > 0
+    assert native.grouped_workspace_size(M, N, K, G, torch.bfloat16, block=True, bias=True) == 0
+    assert native.grouped_workspace_size(M, N, K, G, torch.bfloat16, block=False) == 0
+    assert native.grouped_workspace_size(M, N, K, G, torch.bfloat16, block=True, variant=89) == 0
 
 
 def test_unsupported_layouts_are_refused_by_name():

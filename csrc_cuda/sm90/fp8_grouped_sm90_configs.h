@@ -1,0 +1,41 @@
+// fp8_grouped_sm90_configs.h: the SM90 grouped block-scaled FP8 kernel configurations, listed once.
+//
+// X(id, name, swap, tile_m, tile_n)
+//   Every config is CUTLASS's ptr-array cooperative block-scaled kernel (TMA + WGMMA, two consumer
+//   warpgroups, one 128-deep K block per step) with the grouped persistent tile scheduler, no
+//   cluster. swap computes out^T = W_g . A_g^T per group: tile_m then covers the channels (a whole
+//   128-row weight block, one scale per step) and tile_n the group's tokens, so a group of a few
+//   tokens costs one narrow tile per 128 channels instead of a 128-row tile of padding.
+//   Not kept (H100, bench/results/probe_grouped_sm90_h100.txt): 128 x 128 with the overlapped
+//   consumer loop of the one-GEMM family (x0.93 to x1.01) and with it in 1 x 2 clusters (x0.88 to
+//   x1.07 at 4096 and 16384 tokens: faster on DeepSeek-V3's down layer, slower on gate_up).
+// Each line is instantiated for bf16 and fp16 output (fp8_grouped_sm90_inst_*.cu).
+#pragma once
+
+#include <cstddef>
+
+#include "../common/grouped.h"
+
+#define QB_SM90_FP8_GROUPED_CONFIGS(X)                                  \
+  X(kGroupedSwap128x32, "sm90_grouped_swap_128x32x128", true, 128, 32) \
+  X(kGrouped128x128, "sm90_grouped_128x128x128", false, 128, 128)
+
+namespace qb::sm90 {
+
+#define QB_GROUPED_ENUM(id, ...) id,
+enum GroupedConfigId : int { QB_SM90_FP8_GROUPED_CONFIGS(QB_GROUPED_ENUM) kNumGroupedConfigs };
+#undef QB_GROUPED_ENUM
+
+#define QB_GROUPED_NAME(id, name, ...) name,
+constexpr const char* kGroupedConfigNames[kNumGroupedConfigs] = {QB_SM90_FP8_GROUPED_CONFIGS(QB_GROUPED_NAME)};
+#undef QB_GROUPED_NAME
+
+// Defined (explicitly instantiated) in fp8_grouped_sm90_inst_*.cu. OutTag: 0 bf16, 1 fp16.
+// grouped_config_workspace: the bytes run needs for these sizes and this many SMs (the per-group
+// argument arrays written on the device, and CUTLASS's own scratch).
+template <int Id, int OutTag>
+int grouped_run_config(const GroupedArgs& args, int sm_count, const Err& err);
+template <int Id, int OutTag>
+size_t grouped_config_workspace(const GroupedArgs& args, int sm_count);
+
+}  // namespace qb::sm90
