@@ -10,17 +10,16 @@ Block-scaled FP8 (1 x 128 activation groups, 128 x 128 weight blocks, DeepSeek-s
 sums are scaled and added into a second fp32 accumulator. Scales are read as scaled_mm receives
 them ([M, Kb] and [Kb, Nb], the prepared layout), the last group or block may be partial.
 
-Grouped FP8 (the expert layers of a mixture of experts, grouped_scaled_mm): on sm_90, block scales
-without bias run the sm_90a family (CUTLASS's ptr-array TMA + WGMMA kernel; a small kernel turns
-the device offsets into each group's sizes and pointers first, in a workspace taken from torch's
-allocator). Everything else runs the sm_89 family's mma.sync kernels (natively on Ada, through
-their PTX on newer GPUs), each CTA finding its group from the offsets on the device. Neither syncs
-with the host: both capture in CUDA graphs. Block scales by default from sm_89 up (the torch
-provider has no grouped blockwise op and would dequantize every expert per call); per-token /
-per-channel scales by default on sm_89, where torch has no grouped FP8 GEMM (on sm_90
-torch._scaled_grouped_mm serves them; forcing cutlass runs the sm_89 kernels there too).
-QBACKEND_CUTLASS_VARIANT=89 keeps grouped calls on the sm_89 family; 90 asks for the sm_90a one
-where it takes the call.
+Grouped FP8 (the expert layers of a mixture of experts, grouped_scaled_mm): on sm_90 the sm_90a
+family (CUTLASS's ptr-array TMA + WGMMA kernels; a small kernel turns the device offsets into each
+group's sizes and pointers first, in a workspace taken from torch's allocator); elsewhere the sm_89
+family's mma.sync kernels (natively on Ada, through their PTX on newer GPUs), each CTA finding its
+group from the offsets on the device. Neither syncs with the host: both capture in CUDA graphs.
+Block scales by default from sm_89 up (the torch provider has no grouped blockwise op and would
+dequantize every expert per call); per-tensor / per-token x per-channel scales by default on sm_89,
+where torch has no grouped FP8 GEMM, and on sm_90, where the sm_90a kernels are faster than
+torch._scaled_grouped_mm at most sizes (docs/performance.md); on newer GPUs torch serves those.
+QBACKEND_CUTLASS_VARIANT=89 or 90 forces the grouped family too.
 
 QBACKEND_CUTLASS_VARIANT=90|89|80|75 forces a kernel family (for verifying the PTX-embedded older
 families on a newer chip); unset, the library picks the best family built for the device.
@@ -103,10 +102,6 @@ def _int8_variants(sm: int) -> tuple:
     return (90, 80, 75) if sm == 90 else (80, 75) if sm >= 80 else (75,)
 
 
-def _sm89_only(sm: int) -> tuple:
-    return (89,)
-
-
 def _sm90_only(sm: int) -> tuple:
     return (90,)
 
@@ -153,7 +148,7 @@ class CutlassProvider(Provider):
                      granularities("block"), _HALF_OUT, min_sm=89, k_align=16, n_align=8,
                      why_arch="fp8 tensor cores"),
                 Rule(Op.GROUPED_SCALED_MM, CUDA, frozenset({(qd.E4M3, qd.E4M3)}), scales_a, scales_b, _HALF_OUT,
-                     min_sm=89, max_sm=89, forceable_max_sm=120, k_align=16, n_align=8,
+                     min_sm=89, max_sm=90, forceable_max_sm=120, k_align=16, n_align=8,
                      why_arch="fp8 tensor cores; on newer GPUs torch._scaled_grouped_mm", fast_accumulation=True),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("tensor"), min_sm=75, n_align=16),
                 Rule(Op.QUANTIZE, CUDA, _QUANT_PAIRS, granularities("token"), min_sm=75, n_align=16,
@@ -169,7 +164,7 @@ class CutlassProvider(Provider):
         if problem.op is Op.QUANTIZE:
             return ("quantize_group" if problem.scale_a is Granularity.GROUP else "quantize"), ()
         if problem.op is Op.GROUPED_SCALED_MM:
-            return "grouped_scaled_mm_fp8", _sm89_only
+            return "grouped_scaled_mm_fp8", _fp8_variants
         if problem.a_dtype in (torch.bfloat16, torch.float16):
             return "scaled_mm_w8a16", _sm90_only
         if problem.scale_b is Granularity.BLOCK:
@@ -266,8 +261,7 @@ class CutlassProvider(Provider):
             scale_a = scale_a.reshape(-1).contiguous()
             scale_b = (scale_b.reshape(-1).expand(G) if scale_b.numel() == 1 else scale_b.reshape(G, -1)).contiguous()
         out = torch.empty((M, N), dtype=out_dtype, device=a.device)
-        # A forced family where it can take the call (the sm_90a one takes block scales without bias).
-        variant = self.variant if self.variant == 89 or (self.variant == 90 and block and bias is None) else 0
+        variant = self.variant if self.variant in (89, 90) else 0
         return native.grouped_scaled_mm(a, b, scale_a, scale_b, offsets.contiguous(),
                                         None if bias is None else bias.contiguous(), out, block=block,
                                         variant=variant)

@@ -28,11 +28,11 @@ EXPECTED = {
 }
 
 # The grouped (MoE) kinds: fp8_grouped_per_tensor, fp8_grouped_per_token_channel, fp8_grouped_block.
-# No native provider has grouped kernels yet: torch serves every GPU, the reference the CPU.
-# Grouped kinds (per-tensor, per-token x channel, block): the sm_89 family's grouped kernels serve
-# Ada, and block scales on every newer NVIDIA arch (torch has no grouped blockwise op there).
-GROUPED_EXPECTED = {arch: (R, R, R) if arch == "cpu" else (C, C, C) if arch == "sm_89"
-                    else (T, T, C) if arch in ("sm_90", "sm_100") else (T, T, T) for arch in EXPECTED}
+# cutlass's grouped kernels serve Ada and Hopper (the sm_89 and sm_90a families), and block scales on
+# every newer NVIDIA arch (torch has no grouped blockwise op there); torch the other GPUs, the
+# reference the CPU.
+GROUPED_EXPECTED = {arch: (R, R, R) if arch == "cpu" else (C, C, C) if arch in ("sm_89", "sm_90")
+                    else (T, T, C) if arch == "sm_100" else (T, T, T) for arch in EXPECTED}
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +49,13 @@ def test_choices(table, arch):
 
 def test_grouped_paths_named():
     """explain names the torch path of each grouped kind: torch._scaled_grouped_mm for rowwise
-    scales on sm_90, torch._grouped_mm on dequantized operands for block scales on sm_100 (where
-    cutlass serves by default),
+    scales on sm_90 (where cutlass serves by default), torch._grouped_mm on dequantized
+    operands for block scales on sm_100 (where cutlass serves by default),
     the per-group loop (a host sync) where neither torch op runs."""
     from qbackend import explain, probe
 
     sm90 = probe.simulated("sm_90")
-    assert "-> torch: ok: torch._scaled_grouped_mm" in explain("fp8_grouped_per_token_channel", sm90)
+    assert "torch: ok: torch._scaled_grouped_mm" in explain("fp8_grouped_per_token_channel", sm90)
     assert "torch: ok: operands dequantized to bfloat16, one torch._grouped_mm" in \
         explain("fp8_grouped_block", probe.simulated("sm_100"))
     assert "-> torch: ok: this provider's scaled_mm once per group" in \

@@ -271,7 +271,9 @@ def test_grouped_configs_are_named():
 def test_sm90_grouped_configs_are_named():
     if not native.has_variant("grouped_scaled_mm_fp8", 90):
         pytest.skip("sm_90a grouped family not built")
-    assert native.grouped_config_names(90) == ["sm90_grouped_swap_128x32x128", "sm90_grouped_128x128x128"]
+    assert native.grouped_config_names(90) == ["sm90_grouped_block_swap_128x32x128", "sm90_grouped_block_128x128x128",
+                                              "sm90_grouped_swap_128x32x128", "sm90_grouped_128x128x128",
+                                              "sm90_grouped_128x256x128_c2x1"]
 
 
 def test_grouped_workspace_is_checked_before_the_device():

@@ -37,10 +37,8 @@ int sm89_fp8_grouped_scaled_mm(const GroupedArgs& args, const Err& err);
 int sm89_fp8_grouped_config_count();
 const char* sm89_fp8_grouped_config_name(int config);
 
-// TMA + WGMMA on sm_90a, block scales only, N and K multiples of 128, no bias
-// (sm90/fp8_grouped_sm90_dispatch.cu). sm90_fp8_grouped_supports says whether a request is one it
-// takes; its workspace is the per-group argument arrays it writes on the device.
-bool sm90_fp8_grouped_supports(const GroupedArgs& args);
+// TMA + WGMMA on sm_90a, every scale kind and bias (sm90/fp8_grouped_sm90_dispatch.cu); its
+// workspace is the per-group argument arrays it writes on the device.
 int sm90_fp8_grouped_scaled_mm(const GroupedArgs& args, int sm_count, const Err& err);
 size_t sm90_fp8_grouped_workspace(const GroupedArgs& args, int sm_count);
 int sm90_fp8_grouped_config_count();

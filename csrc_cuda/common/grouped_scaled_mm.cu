@@ -24,17 +24,9 @@ bool built(int variant) {
   return false;
 }
 
-// The sm90 family runs where its sm_90a code does (compute capability 9.0 exactly) and takes block
-// scales without bias; with the workspace it needs it is the automatic choice there.
-bool sm90_takes(const qb::GroupedArgs& args, int cc) {
-#ifdef QB_HAS_GROUPED_SCALED_MM_FP8_90
-  return cc == 90 && qb::sm90_fp8_grouped_supports(args);
-#else
-  (void)args;
-  (void)cc;
-  return false;
-#endif
-}
+// The sm90 family runs where its sm_90a code does (compute capability 9.0 exactly); with the
+// workspace it needs it is the automatic choice there.
+bool sm90_takes(int cc) { return built(QB_VARIANT_SM90) && cc == 90; }
 
 size_t sm90_workspace(const qb::GroupedArgs& args, int sm_count) {
 #ifdef QB_HAS_GROUPED_SCALED_MM_FP8_90
@@ -52,7 +44,7 @@ int resolve_variant(int variant, const qb::GroupedArgs& args, int cc, int sm_cou
   if (variant != QB_VARIANT_AUTO && variant != QB_VARIANT_SM89 && variant != QB_VARIANT_SM90)
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_grouped_scaled_mm: variant %d must be 0 (auto), 89 or 90", variant);
   if (variant == QB_VARIANT_SM90 ||
-      (variant == QB_VARIANT_AUTO && sm90_takes(args, cc) && args.workspace != nullptr &&
+      (variant == QB_VARIANT_AUTO && sm90_takes(cc) && args.workspace != nullptr &&
        args.workspace_size >= sm90_workspace(args, sm_count))) {
     if (!built(QB_VARIANT_SM90))
       return err.set(QB_ERR_NOT_BUILT, "qb_grouped_scaled_mm: the sm90 family was not compiled into this library");
@@ -214,7 +206,7 @@ extern "C" size_t qb_grouped_scaled_mm_workspace_size(int64_t M, int64_t N, int6
   const qb::GroupedArgs args =
       make_args(nullptr, K, nullptr, K, 0, nullptr, N, nullptr, M, N, K, groups, out_dtype, nullptr, scale_kind,
                 nullptr, scale_kind, has_bias ? reinterpret_cast<const void*>(1) : nullptr, nullptr, 0, nullptr);
-  return sm90_takes(args, dev.cc) ? sm90_workspace(args, dev.sm_count) : 0;
+  return sm90_takes(dev.cc) ? sm90_workspace(args, dev.sm_count) : 0;
 }
 
 extern "C" int qb_grouped_scaled_mm_config_count(int variant) {

@@ -119,7 +119,7 @@ const char* qb_scaled_mm_block_config_name(int variant, int config);
 
 /* Grouped scaled_mm: the expert layers of a mixture of experts in one call (ABI 1 addition; op
  * "grouped_scaled_mm_fp8" in qb_has_variant: the sm89 family, mma.sync e4m3, which newer GPUs run
- * through its PTX, and on compute capability 9.0 the sm90 family for block scales without bias). Group g is rows [offsets[g-1], offsets[g]) of A (from row 0 for g = 0); its rows
+ * through its PTX, and on compute capability 9.0 the sm90 family, TMA + WGMMA, given its workspace). Group g is rows [offsets[g-1], offsets[g]) of A (from row 0 for g = 0); its rows
  * of out are scaled_mm's of those rows with group g's weight, scales and bias:
  *   out[r, n] = (scale_a(r) * scale_b(g, n)) * sum_k A[r, k] B_g[k, n] + bias[g, n]   (fp32 accumulation)
  * or, with block scales, the sum over 128-deep K blocks of each block's products times its two scales.
@@ -151,8 +151,8 @@ const char* qb_grouped_scaled_mm_config_name(int variant, int config);
 void qb_grouped_scaled_mm_override(int config);
 
 /* qb_grouped_scaled_mm_ws is qb_grouped_scaled_mm with a caller-provided device workspace (256-byte
- * aligned), which the sm90 family needs: it writes each group's problem size and operand pointers
- * there on the device (from offsets, so still no host sync) before its GEMM. The workspace is
+ * aligned), which the sm90 family needs: it writes each group's problem size and its operand, scale
+ * and bias pointers there on the device (from offsets, so still no host sync) before its GEMM. The workspace is
  * scratch for this call alone, stream-ordered as qb_scaled_mm_ws's. qb_grouped_scaled_mm_workspace_size
  * says how many bytes the automatic choice (or variant) wants on the current device for these sizes,
  * scale kind (QB_SCALE_*) and bias (nonzero: present); 0 when the sm89 family serves them. With less

@@ -1,12 +1,13 @@
-// fp8_grouped_sm90_configs.h: the SM90 grouped block-scaled FP8 kernel configurations, listed once.
+// fp8_grouped_sm90_configs.h: the SM90 grouped FP8 kernel configurations, listed once.
 //
-// X(id, name, swap, tile_m, tile_n)
-//   Every config is CUTLASS's ptr-array cooperative block-scaled kernel (TMA + WGMMA, two consumer
-//   warpgroups, one 128-deep K block per step) with the grouped persistent tile scheduler, no
-//   cluster. swap computes out^T = W_g . A_g^T per group: tile_m then covers the channels (a whole
-//   128-row weight block, one scale per step) and tile_n the group's tokens, so a group of a few
-//   tokens costs one narrow tile per 128 channels instead of a 128-row tile of padding.
-//   Not kept (H100, bench/results/probe_grouped_sm90_h100.txt): 128 x 128 with the overlapped
+// X(id, name, block, swap, tile_m, tile_n, cluster_m, cluster_n)
+//   Every config is a CUTLASS ptr-array cooperative kernel (TMA + WGMMA, two consumer warpgroups,
+//   128-deep K steps) with the grouped persistent tile scheduler. block: the blockwise
+//   mainloop (block scales, promoted per K block); else FP8 fast accumulation with per-tensor or
+//   per-row / column scales in the epilogue. swap computes out^T = W_g . A_g^T per group: tile_m
+//   then covers the channels and tile_n the group's tokens, so a group of a few tokens costs one
+//   narrow tile per 128 channels instead of a 128-row tile of padding.
+//   Not kept (H100, bench/results/probe_grouped_sm90_h100.txt): block 128 x 128 with the overlapped
 //   consumer loop of the one-GEMM family (x0.93 to x1.01) and with it in 1 x 2 clusters (x0.88 to
 //   x1.07 at 4096 and 16384 tokens: faster on DeepSeek-V3's down layer, slower on gate_up).
 // Each line is instantiated for bf16 and fp16 output (fp8_grouped_sm90_inst_*.cu).
@@ -16,19 +17,28 @@
 
 #include "../common/grouped.h"
 
-#define QB_SM90_FP8_GROUPED_CONFIGS(X)                                  \
-  X(kGroupedSwap128x32, "sm90_grouped_swap_128x32x128", true, 128, 32) \
-  X(kGrouped128x128, "sm90_grouped_128x128x128", false, 128, 128)
+#define QB_SM90_FP8_GROUPED_CONFIGS(X)                                                           \
+  X(kGroupedBlockSwap128x32, "sm90_grouped_block_swap_128x32x128", true, true, 128, 32, 1, 1)      \
+  X(kGroupedBlock128x128, "sm90_grouped_block_128x128x128", true, false, 128, 128, 1, 1)          \
+  X(kGroupedSwap128x32, "sm90_grouped_swap_128x32x128", false, true, 128, 32, 1, 1)               \
+  X(kGrouped128x128, "sm90_grouped_128x128x128", false, false, 128, 128, 1, 1)                    \
+  X(kGrouped128x256C2x1, "sm90_grouped_128x256x128_c2x1", false, false, 128, 256, 2, 1)
 
 namespace qb::sm90 {
+
+struct GroupedConfigInfo {
+  const char* name;
+  bool block;  // takes block scales (else per-tensor / per-row / per-column ones)
+  bool swap;
+};
 
 #define QB_GROUPED_ENUM(id, ...) id,
 enum GroupedConfigId : int { QB_SM90_FP8_GROUPED_CONFIGS(QB_GROUPED_ENUM) kNumGroupedConfigs };
 #undef QB_GROUPED_ENUM
 
-#define QB_GROUPED_NAME(id, name, ...) name,
-constexpr const char* kGroupedConfigNames[kNumGroupedConfigs] = {QB_SM90_FP8_GROUPED_CONFIGS(QB_GROUPED_NAME)};
-#undef QB_GROUPED_NAME
+#define QB_GROUPED_INFO(id, name, block, swap, ...) {name, block, swap},
+constexpr GroupedConfigInfo kGroupedConfigs[kNumGroupedConfigs] = {QB_SM90_FP8_GROUPED_CONFIGS(QB_GROUPED_INFO)};
+#undef QB_GROUPED_INFO
 
 // Defined (explicitly instantiated) in fp8_grouped_sm90_inst_*.cu. OutTag: 0 bf16, 1 fp16.
 // grouped_config_workspace: the bytes run needs for these sizes and this many SMs (the per-group

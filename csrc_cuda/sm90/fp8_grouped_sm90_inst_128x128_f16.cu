@@ -1,4 +1,4 @@
-// One SM90 grouped block-scaled FP8 config for fp16 output per translation unit, so a parallel
+// One SM90 grouped FP8 config for fp16 output per translation unit, so a parallel
 // build spreads the CUTLASS instantiations over cores.
 #include "fp8_grouped_sm90_kernel.cuh"
 

@@ -1,9 +1,10 @@
 """The cutlass provider's grouped FP8 kernels forced, against float64 products of the same quantized
 operands and against the reference provider: the sm89 family (mma.sync; through its PTX on Hopper)
-and, on compute capability 9.0, the sm90 family (ptr-array TMA + WGMMA; block scales without bias).
+and, on compute capability 9.0, the sm90 family (ptr-array TMA + WGMMA).
 
-Every output is poisoned (NaN) before the call and checked NaN-free; each family's two configs
-(narrow or swapped tiles for few rows per group, 128 x 128 above) are forced in turn. Also:
+Every output is poisoned (NaN) before the call and checked NaN-free; each family's two configs for
+the scales at hand (narrow or swapped tiles for few rows per group, 128 x 128 above) are forced in
+turn. Also:
 malformed offsets (never read on the host) fault nothing and leave rows past the last end NaN, and
 a captured graph follows new routing.
 """
@@ -25,7 +26,7 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 @pytest.fixture(autouse=True, params=[89, 90], ids=["sm89", "sm90"])
 def family_variant(request, monkeypatch):
-    """The grouped family under test; 90 runs only the calls it takes (block scales, no bias)."""
+    """The grouped family under test."""
     variant = request.param
     if not native.has_variant("grouped_scaled_mm_fp8", variant):
         pytest.skip(f"{native.library_path()} has no sm{variant} grouped kernels")
@@ -36,9 +37,31 @@ def family_variant(request, monkeypatch):
     native.grouped_override(-1)
 
 
-def only_block_on_sm90(variant, family):
-    if variant == 90 and family != "block":
-        pytest.skip("the sm90 grouped family takes block scales only")
+def family_config(variant, family, i):
+    """The family's i-th config for these scales (sm90 lists block-scaled and other configs apart);
+    skips the test where there is none."""
+    names = native.grouped_config_names(variant)
+    ids = [k for k, name in enumerate(names) if variant != 90 or ("_block_" in name) == (family == "block")]
+    if i >= len(ids):
+        pytest.skip(f"the sm{variant} family has {len(ids)} configs for {family} scales")
+    return ids[i]
+
+
+def assert_close(out, args, family, variant):
+    """out against the float64 product: within TOL of the largest |ref|, and where the sm90 family
+    sums fp8 products with the tensor cores' fast accumulation (tensor / row / column scales, the
+    default accumulate="fast"), element-wise within the bound tests/gpu/test_native_scaled_mm.py
+    states for it: r_out |ref| + 2^-9 S, S = |scale_a scale_b| (|A| @ |B|)."""
+    ref = exact(*args, family)
+    if variant != 90 or family == "block":
+        assert rel_err(out.double(), ref) < TOL[out.dtype]
+        return
+    a, b, sa, sb, offsets, _ = args
+    s_abs = exact(a.double().abs(), b.double().abs(), sa, sb, offsets, None, family)
+    r_out = 2.0 ** -7 if out.dtype == torch.bfloat16 else 2.0 ** -9
+    err = (out.double() - ref).abs()
+    bad = err > r_out * ref.abs() + 2.0 ** -9 * s_abs
+    assert not bad.any(), f"{int(bad.sum())} elements outside the bound, worst {float((err - r_out * ref.abs()).max())}"
 
 
 def sizes_for(dist: str, groups: int, rows: int, g) -> list:
@@ -97,41 +120,41 @@ def exact(a, b, sa, sb, offsets, bias, family):
     return out
 
 
-@pytest.mark.parametrize("config", [0, 1])
+@pytest.mark.parametrize("config", [0, 1, 2])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dist", ["uniform", "skewed", "mostly_empty"])
 @pytest.mark.parametrize("groups,rows", [(1, 37), (8, 200), (64, 130), (128, 513), (256, 64)])
 def test_against_float64(groups, rows, dist, family, config, family_variant):
-    only_block_on_sm90(family_variant, family)
     g = torch.Generator().manual_seed(groups * 101 + rows + len(dist) * 7 + len(family) + config)
-    native.grouped_override(config)
+    native.grouped_override(family_config(family_variant, family, config))
     sizes = sizes_for(dist, groups, rows, g)
     # Partial last K and N blocks in the last two shapes; smaller ones where there are many experts.
     shapes = ((2048, 768), (1408, 2112), (7232, 520)) if groups <= 8 else ((2048, 256), (1408, 136))
     for K, N in shapes:
-        bias = groups == 8 and family_variant == 89
-        args = operands(g, sizes, K, N, family, bias=bias, row_pad=32 if groups == 64 else 0)
+        args = operands(g, sizes, K, N, family, bias=groups == 8, row_pad=32 if groups == 64 else 0)
         poison()
         out = qbackend.grouped_scaled_mm(*args[:5], bias=args[5])
         assert out.shape == (sum(sizes), N) and not out.isnan().any(), (K, N)
-        assert rel_err(out.double(), exact(*args, family)) < TOL[out.dtype], (K, N, sizes)
+        assert_close(out, args, family, family_variant)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 def test_issue_shapes_and_outputs_against_reference(family, out_dtype, family_variant):
-    """K and N of the issue's layers (7168, 2048, 4096, 1408, 768), both output dtypes and a bias
-    (sm89), against the reference provider itself."""
-    only_block_on_sm90(family_variant, family)
+    """K and N of the issue's layers (7168, 2048, 4096, 1408, 768), both output dtypes and a bias,
+    against the reference provider itself."""
     g = torch.Generator().manual_seed(11 + len(family))
     for K, N in ((7168, 4096), (2048, 7168), (4096, 1408), (768, 2048)):
         sizes = sizes_for("uniform", 16, 48, g)
-        a, b, sa, sb, offsets, bias = operands(g, sizes, K, N, family, out_dtype, bias=family_variant == 89)
+        a, b, sa, sb, offsets, bias = operands(g, sizes, K, N, family, out_dtype, bias=True)
         poison()
         out = qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, out_dtype=out_dtype, bias=bias)
         ref = reference(qbackend.grouped_scaled_mm, a, b, sa, sb, offsets, out_dtype=out_dtype, bias=bias)
         assert out.dtype == out_dtype and not out.isnan().any()
-        assert rel_err(out.double(), ref.double()) < TOL[out_dtype], (K, N)
+        if family_variant == 90 and family != "block":  # fast accumulation: the element-wise bound
+            assert_close(out, (a, b, sa, sb, offsets, bias), family, family_variant)
+        else:
+            assert rel_err(out.double(), ref.double()) < TOL[out_dtype], (K, N)
 
 
 def test_as_many_groups_as_allowed():
@@ -148,7 +171,6 @@ def test_as_many_groups_as_allowed():
 def test_malformed_offsets_fault_nothing(bad, family, family_variant):
     """offsets are data the host never reads: wrong ones must not fault; rows past the clamped last
     end are NaN, and valid groups before the first bad end are still right."""
-    only_block_on_sm90(family_variant, family)
     g = torch.Generator().manual_seed(7)
     sizes = [5, 0, 7, 4]
     a, b, sa, sb, offsets, _ = operands(g, sizes, 512, 256, family)
@@ -169,8 +191,7 @@ def test_malformed_offsets_fault_nothing(bad, family, family_variant):
 def test_graph_replay_follows_new_routing(M, family_variant):
     g = torch.Generator().manual_seed(9)
     groups, K, N = 64, 1024, 512
-    bias = family_variant == 89
-    a, b, sa, sb, offsets, bias = operands(g, sizes_for("uniform", groups, M, g), K, N, "block", bias=bias)
+    a, b, sa, sb, offsets, bias = operands(g, sizes_for("uniform", groups, M, g), K, N, "block", bias=True)
     graph, out = captured(lambda: qbackend.grouped_scaled_mm(a, b, sa, sb, offsets, bias=bias))
     for step in range(4):
         sizes = sizes_for(("skewed", "uniform", "mostly_empty", "uniform")[step], groups, M, g)
@@ -181,16 +202,26 @@ def test_graph_replay_follows_new_routing(M, family_variant):
         assert rel_err(out.double(), exact(a, b, sa, sb, offsets, bias, "block")) < TOL[out.dtype], step
 
 
-def test_sm90_family_is_the_automatic_choice_for_block_scales(family_variant):
-    """On compute capability 9.0 a block-scaled call without bias wants the sm90 family's workspace
-    (so the automatic choice takes it); with a bias, or per-token scales, none (the sm89 family)."""
+def test_sm90_family_is_the_automatic_choice(family_variant):
+    """On compute capability 9.0 every grouped call wants the sm90 family's workspace (so the
+    automatic choice takes it); forcing the sm89 family wants none."""
     if family_variant != 90:
         pytest.skip("about the sm90 family")
     M, N, K, G = 4096, 2048, 7168, 256
-    assert native.grouped_workspace_size(M, N, K, G, torch.bfloat16, block=True) > 0
-    assert native.grouped_workspace_size(M, N, K, G, torch.bfloat16, block=True, bias=True) == 0
-    assert native.grouped_workspace_size(M, N, K, G, torch.bfloat16, block=False) == 0
+    for block in (True, False):
+        for bias in (False, True):
+            assert native.grouped_workspace_size(M, N, K, G, torch.bfloat16, block=block, bias=bias) > 0
     assert native.grouped_workspace_size(M, N, K, G, torch.bfloat16, block=True, variant=89) == 0
+
+
+def test_a_config_for_other_scales_is_refused(family_variant):
+    if family_variant != 90:
+        pytest.skip("about the sm90 family")
+    g = torch.Generator().manual_seed(17)
+    args = operands(g, [3, 5], 256, 128, "token_channel")
+    native.grouped_override(family_config(90, "block", 0))
+    with pytest.raises(RuntimeError, match="takes block scales, this call has tensor / row / column ones"):
+        qbackend.grouped_scaled_mm(*args[:5])
 
 
 def test_unsupported_layouts_are_refused_by_name():

@@ -1,0 +1,7 @@
+// One SM90 grouped FP8 config for bf16 output per translation unit, so a parallel
+// build spreads the CUTLASS instantiations over cores.
+#include "fp8_grouped_sm90_kernel.cuh"
+
+namespace qb::sm90 {
+QB_SM90_GROUPED_INSTANTIATE(kGrouped128x256C2x1, 0)
+}  // namespace qb::sm90
