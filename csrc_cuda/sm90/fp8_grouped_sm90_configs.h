@@ -7,7 +7,7 @@
 //   per-row / column scales in the epilogue. swap computes out^T = W_g . A_g^T per group: tile_m
 //   then covers the channels and tile_n the group's tokens, so a group of a few tokens costs one
 //   narrow tile per 128 channels instead of a 128-row tile of padding.
-//   Not kept (H100, bench/results/probe_grouped_sm90_h100.txt): block 128 x 128 with the overlapped
+//   Not kept (H100, bench/results/probe_grouped_sm90_block_trials_h100.txt): block 128 x 128 with the overlapped
 //   consumer loop of the one-GEMM family (x0.93 to x1.01) and with it in 1 x 2 clusters (x0.88 to
 //   x1.07 at 4096 and 16384 tokens: faster on DeepSeek-V3's down layer, slower on gate_up).
 // Each line is instantiated for bf16 and fp16 output (fp8_grouped_sm90_inst_*.cu).
