@@ -10,6 +10,10 @@
 
 namespace qb {
 
+// The most groups one call may have (checked in grouped_scaled_mm.cu; the sm90 family's argument
+// kernel gives each group one thread of one block).
+constexpr int64_t kMaxGroups = 1024;
+
 struct GroupedArgs {
   const void* a;             // [M, K] e4m3 row-major, row stride lda
   int64_t lda;

@@ -11,7 +11,7 @@ namespace {
 
 thread_local int t_grouped_config = -1;  // qb_grouped_scaled_mm_override
 
-constexpr int64_t kMaxGroups = 1024;
+using qb::kMaxGroups;
 
 bool built(int variant) {
 #ifdef QB_HAS_GROUPED_SCALED_MM_FP8_90

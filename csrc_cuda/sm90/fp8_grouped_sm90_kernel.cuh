@@ -97,7 +97,8 @@ struct Fp8GroupedGemm : BlockScaledOperands<OutT_, kSwap_> {
   using Operands::kAlignAB, Operands::kAlignD, Operands::kGroup, Operands::kSwap;
   using TileShape = TileShape_;
   static constexpr bool kBlock = kBlock_;
-  static constexpr int kPrepThreads = 1024;  // >= the most groups a call may have (grouped_scaled_mm.cu)
+  static constexpr int kPrepThreads = 1024;  // one thread per group
+  static_assert(kPrepThreads >= kMaxGroups, "prepare_groups gives each group one thread of one block");
   static constexpr int kFillBlocks = 16;     // blocks writing NaN into rows past the last end
 
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M, N, K) per group
@@ -277,7 +278,7 @@ __global__ void __launch_bounds__(Cfg::kPrepThreads) prepare_groups(typename Cfg
     __shared__ int last_end;
     if (t == 0) last_end = 0;
     __syncthreads();
-    for (int g = t; g < p.groups; g += kPrepThreads) atomicMax(&last_end, min(max(__ldg(p.offsets + g), 0), p.M));
+    if (t < p.groups) atomicMax(&last_end, end);
     __syncthreads();
     const int64_t first = int64_t(last_end) * p.N, count = int64_t(p.M) * p.N - first;
     const OutT nan = OutT(NAN);

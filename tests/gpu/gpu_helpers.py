@@ -57,3 +57,21 @@ def needs_sm(least: tuple, what: str):
     sm = torch.cuda.get_device_capability()
     reason = f"{what} need sm_{least[0]}{least[1]}+ (this GPU is sm_{sm[0]}{sm[1]})"
     return pytest.mark.skipif(sm < least, reason=reason)
+
+
+def check_within_bound(out, ref, s_abs, r_out, r_acc, rel_max, what):
+    """out against a float64 ref, element-wise |out - ref| <= r_out |ref| + r_acc S (S = s_abs, the
+    scaled sum of |a b| terms: what fast accumulation's error scales with), no NaN, and the relative
+    error norm-wise within rel_max (the bounds are stated in test_native_scaled_mm.py)."""
+    o = out.double()
+    assert not torch.isnan(o).any(), f"{what}: NaN in output (unwritten element?)"
+    err = (o - ref).abs()
+    tol = r_out * ref.abs() + r_acc * s_abs
+    bad = err > tol
+    if bad.any():
+        i = bad.nonzero()[0].tolist()
+        j = tuple(i)
+        pytest.fail(f"{what}: {int(bad.sum())} elements out of tolerance; first at {i}: "
+                    f"out={o[j].item()} ref={ref[j].item()} tol={tol[j].item()}")
+    rel = (o - ref).norm() / ref.norm().clamp_min(1e-30)
+    assert rel <= rel_max, f"{what}: relative error {rel:.3e} > {rel_max}"

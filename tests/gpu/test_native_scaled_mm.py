@@ -24,6 +24,7 @@ no NaN anywhere (every element written).
 import pytest
 import torch
 
+from gpu_helpers import check_within_bound
 from qbackend_providers import native
 
 pytestmark = pytest.mark.gpu
@@ -74,21 +75,6 @@ def _scales(M, N, g, unit=1.0):
     return [(sa_t, sb_t), (sa_tok, sb_t), (sa_t, sb_ch), (sa_tok, sb_ch)]
 
 
-def _check(out, ref, s_abs, r_out, r_acc, rel_max, what):
-    o = out.double()
-    assert not torch.isnan(o).any(), f"{what}: NaN in output (unwritten element?)"
-    err = (o - ref).abs()
-    tol = r_out * ref.abs() + r_acc * s_abs
-    bad = err > tol
-    if bad.any():
-        i = bad.nonzero()[0].tolist()
-        j = tuple(i)
-        pytest.fail(f"{what}: {int(bad.sum())} elements out of tolerance; first at {i}: "
-                    f"out={o[j].item()} ref={ref[j].item()} tol={tol[j].item()}")
-    rel = (o - ref).norm() / ref.norm().clamp_min(1e-30)
-    assert rel <= rel_max, f"{what}: relative error {rel:.3e} > {rel_max}"
-
-
 def _run_case(M, N, K, dtype, variant):
     g = _gen()
     a, b = _operands(M, N, K, dtype, g)
@@ -108,7 +94,7 @@ def _run_case(M, N, K, dtype, variant):
                 native.scaled_mm(a, b, sa, sb, bias, out, variant=variant)
                 what = (f"v{variant} M={M} N={N} K={K} {out_dtype} sa={tuple(sa.shape)} sb={tuple(sb.shape)} "
                         f"bias={bias is not None}")
-                _check(out, ref, sab.abs() * absprod, R_OUT[out_dtype], r_acc, rel_max, what)
+                check_within_bound(out, ref, sab.abs() * absprod, R_OUT[out_dtype], r_acc, rel_max, what)
     # Sliced A (row stride K + 64, 32-byte offset) into a sliced output (row stride N + 16).
     a_big = torch.zeros(M, K + 64, device=DEV, dtype=a.dtype)
     a_big[:, 32:32 + K] = a
@@ -118,8 +104,8 @@ def _run_case(M, N, K, dtype, variant):
     sa, sb = _scales(M, N, g, unit)[3]
     native.scaled_mm(a_s, b, sa, sb, bias_full.to(torch.bfloat16), out_s, variant=variant)
     ref = sa.double() * sb.double() * prod + bias_full.to(torch.bfloat16).double()
-    _check(out_s, ref, (sa.double() * sb.double()).abs() * absprod, R_OUT[torch.bfloat16], r_acc, rel_max,
-           f"v{variant} M={M} N={N} K={K} sliced A/out")
+    check_within_bound(out_s, ref, (sa.double() * sb.double()).abs() * absprod, R_OUT[torch.bfloat16], r_acc, rel_max,
+                       f"v{variant} M={M} N={N} K={K} sliced A/out")
     assert torch.isnan(out_big[:, N:].float()).all(), "wrote past the output slice"
 
 
@@ -147,8 +133,7 @@ def test_auto_variant_matches_forced():
     native.scaled_mm(a, b, sa, sb, None, out)
     ref = sa.double() * sb.double() * (a.double() @ b.double())
     s_abs = (sa.double() * sb.double()) * (a.double().abs() @ b.double().abs())
-    _check(out, ref, s_abs, 2.0 ** -7, 2.0 ** -9,
-           2e-2, "auto")
+    check_within_bound(out, ref, s_abs, 2.0 ** -7, 2.0 ** -9, 2e-2, "auto")
 
 
 PRECISE = 90 | native.ACCUMULATE_PRECISE  # the sm90 family's precise-accumulation FP8 kernels
@@ -182,8 +167,8 @@ def test_every_config_and_decomposition(dtype, variant):
                     out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
                     native.scaled_mm(a, b, sa, sb, bias, out, variant=variant)
                     r_acc, rel_max = (2.0 ** -9, 2e-2) if dtype == F8 else (1e-6, 1e-2)  # as in _run_case
-                    _check(out, ref, s_abs, 2.0 ** -7, r_acc, rel_max,
-                           f"v{variant} {dtype} config {name} decomp {decomp}/{splits}/sw{swizzle} M={M} N={N} K={K}")
+                    what = f"v{variant} {dtype} config {name} decomp {decomp}/{splits}/sw{swizzle} M={M} N={N} K={K}"
+                    check_within_bound(out, ref, s_abs, 2.0 ** -7, r_acc, rel_max, what)
     finally:
         native.override()
 
@@ -297,8 +282,7 @@ def test_no_workspace_path(M, N, K, variant):
         return
     ref = sa.double() * sb.double() * (a.double() @ b.double())
     s_abs = (sa.double() * sb.double()) * (a.double().abs() @ b.double().abs())
-    _check(out, ref, s_abs, 2.0 ** -7, 2.0 ** -9,
-           2e-2, f"no workspace v{variant}")
+    check_within_bound(out, ref, s_abs, 2.0 ** -7, 2.0 ** -9, 2e-2, f"no workspace v{variant}")
 
 
 def test_cuda_graph_quantize_then_mm():
@@ -332,8 +316,8 @@ def test_cuda_graph_quantize_then_mm():
     q_ref = torch.div(x.float(), s_ref).clamp(-448, 448).to(F8)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
     ref = s_ref.double() * sb.double() * (q_ref.double() @ w.double().t())
-    _check(out, ref, s_ref.double() * sb.double() * (q_ref.double().abs() @ w.double().abs().t()), 2.0 ** -7,
-           2.0 ** -9, 2e-2, "graph replay")
+    check_within_bound(out, ref, s_ref.double() * sb.double() * (q_ref.double().abs() @ w.double().abs().t()),
+                       2.0 ** -7, 2.0 ** -9, 2e-2, "graph replay")
 
 
 def _chain_outputs(chain, steps, shape, graphs, programmatic):
@@ -400,8 +384,8 @@ def test_programmatic_launch_waits_for_the_previous_kernel(graphs):
     overlapped = _programmatic_outputs(chain, steps, (M, N), graphs)
     s_ref, q_ref = _per_token_fp8(xs[-1].float())
     ref = s_ref.double() * sb.double() * (q_ref.double() @ w.double().t())
-    _check(overlapped[-1], ref, s_ref.double() * sb.double() * (q_ref.double().abs() @ w.double().abs().t()),
-           2.0 ** -7, 2.0 ** -9, 2e-2, "last step")
+    s_abs = s_ref.double() * sb.double() * (q_ref.double().abs() @ w.double().abs().t())
+    check_within_bound(overlapped[-1], ref, s_abs, 2.0 ** -7, 2.0 ** -9, 2e-2, "last step")
 
 
 @SM90_ONLY
@@ -426,8 +410,8 @@ def test_programmatic_launch_sees_a_weight_written_just_before(graphs):
     overlapped = _programmatic_outputs(chain, steps, (M, N), graphs)
     s_ref, q_ref = _per_token_fp8(ws[-1].float())
     ref = (a.double() @ q_ref.double().t()) * s_ref.double().t()
-    _check(overlapped[-1], ref, (a.double().abs() @ q_ref.double().abs().t()) * s_ref.double().t(),
-           2.0 ** -7, 2.0 ** -9, 2e-2, "last step")
+    check_within_bound(overlapped[-1], ref, (a.double().abs() @ q_ref.double().abs().t()) * s_ref.double().t(),
+                       2.0 ** -7, 2.0 ** -9, 2e-2, "last step")
 
 
 @SM90_ONLY
@@ -448,7 +432,7 @@ def test_programmatic_launch_after_a_host_copy():
     for i, (h, out) in enumerate(zip(host, outs)):
         hd = h.to(DEV)
         ref = hd.double() @ w.double().t()
-        _check(out, ref, hd.double().abs() @ w.double().abs().t(), 2.0 ** -7, 2.0 ** -9, 2e-2, f"copy {i}")
+        check_within_bound(out, ref, hd.double().abs() @ w.double().abs().t(), 2.0 ** -7, 2.0 ** -9, 2e-2, f"copy {i}")
 
 
 def _expect_error(fn, *needles):
