@@ -227,10 +227,14 @@ def expert_weights(block) -> tuple:
 
 class GroupedBf16MoE(torch.nn.Module):
     """The bf16 baseline of a sparse MoE block: QuantMoE's computation step for step (fp32 router, softmax,
-    top-k, renormalized weights; qbackend.moe_align; one gather into expert order; SiLU(gate) * up in fp32;
-    the weighted sum over each token's experts in fp32) with the two expert GEMMs in bf16 through
-    torch._grouped_mm (device-side offsets, no host sync: it captures in a CUDA graph). Written out here
-    rather than taken from transformers so that the two models differ in the GEMMs only."""
+    top-k, renormalized weights; qbackend.moe_align; one gather into expert order; SiLU(gate) * up; the
+    weighted sum over each token's experts) with the two expert GEMMs in bf16 through torch._grouped_mm
+    (device-side offsets, no host sync: it captures in a CUDA graph). Written out here rather than taken
+    from transformers so that the two models differ in the GEMMs and in what FP8 fuses into its
+    quantizes and GEMMs only: QuantMoE gathers in its first quantize, computes SiLU(gate) * up in its
+    second (qbackend.silu_mul_quantize) and applies the routing weights in the down GEMM's scales. Here
+    each step is the shortest torch has: SiLU(gate) * up two bf16 kernels, the weighted sum one
+    batched bf16 GEMM (fp32 accumulation) over each token's expert outputs."""
 
     IMPL = "torch._grouped_mm"
 
@@ -257,10 +261,10 @@ class GroupedBf16MoE(torch.nn.Module):
         rows = x2.index_select(0, perm // self.top_k)
         h = torch._grouped_mm(rows, self.w13.transpose(-2, -1), offs=offsets)
         i = self.intermediate
-        act = (F.silu(h[:, :i].float()) * h[:, i:].float()).to(x.dtype)
+        act = F.silu(h[:, :i]) * h[:, i:]
         y = torch._grouped_mm(act, self.w2.transpose(-2, -1), offs=offsets)
         y = y.index_select(0, inverse).reshape(x2.shape[0], self.top_k, self.hidden)
-        return (y.float() * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype).reshape(x.shape)
+        return torch.bmm(weights.unsqueeze(1).to(y.dtype), y).reshape(x.shape)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "

@@ -272,21 +272,35 @@ class CutlassProvider(Provider):
         rows = native.token_rows(M) if dtype == qd.E4M3 else M
         return M if rows != M and self._sm90(device) is None else rows
 
+    def _dynamic_outputs(self, M: int, K: int, dtype, granularity: str, group_size: int, device):
+        """(q, scale, the scale view the kernel writes, group) for a fused dynamic quantize of M rows."""
+        if granularity == "group":
+            q = torch.empty((M, K), dtype=dtype, device=device)
+            scale = torch.empty((M, -(-K // group_size)), dtype=torch.float32, device=device)
+            return q, scale, scale, group_size
+        rows = self._token_storage_rows(M, dtype, device)
+        q = torch.empty((rows, K), dtype=dtype, device=device)[:M]
+        scale = torch.empty((rows, 1), dtype=torch.float32, device=device)[:M]
+        return q, scale, scale.view(-1), 0
+
     def quantize_gather(self, x, index, dtype, granularity, group_size, problem):
         """quantize(x[index]) in one kernel (token or group granularity); None where this library
         predates it, and the caller gathers first."""
         if not native.has_quantize_gather() or (x.stride(1) != 1 and x.shape[1] > 1):
             return None
-        M, K = index.numel(), x.shape[1]
-        if granularity == "group":
-            q = torch.empty((M, K), dtype=dtype, device=x.device)
-            scale = torch.empty((M, -(-K // group_size)), dtype=torch.float32, device=x.device)
-            native.quantize_gather(x, index, q, scale, group_size)
-            return q, scale
-        rows = self._token_storage_rows(M, dtype, x.device)
-        q = torch.empty((rows, K), dtype=dtype, device=x.device)[:M]
-        scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)[:M]
-        native.quantize_gather(x, index, q, scale.view(-1), 0)
+        q, scale, written, group = self._dynamic_outputs(index.numel(), x.shape[1], dtype, granularity, group_size,
+                                                         x.device)
+        native.quantize_gather(x, index, q, written, group)
+        return q, scale
+
+    def quantize_silu_mul(self, h, dtype, granularity, group_size, problem):
+        """quantize(SiLU(h[:, :I]) * h[:, I:]) in one kernel for 16-bit h; None where this library
+        predates it (or h is fp32), and the caller computes the activation first."""
+        if not native.has_quantize_silu_mul() or h.dtype == torch.float32 or (h.stride(1) != 1 and h.shape[1] > 1):
+            return None
+        q, scale, written, group = self._dynamic_outputs(h.shape[0], h.shape[1] // 2, dtype, granularity,
+                                                         group_size, h.device)
+        native.quantize_silu_mul(h, q, written, group)
         return q, scale
 
     def quantize(self, x, dtype, granularity, scale, scale_ub, group_size, block_size, problem):

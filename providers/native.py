@@ -140,6 +140,9 @@ def _bind(lib) -> None:
         lib.qb_quantize_gather.argtypes = [vp, i64, i64, vp, vp, i64, fp, i64, i64, i64, i64, ip, ip, vp,
                                            c.c_char_p, sz]
         lib.qb_quantize_gather.restype = ip
+    if hasattr(lib, "qb_quantize_silu_mul"):  # absent from libraries built before it
+        lib.qb_quantize_silu_mul.argtypes = [vp, i64, vp, i64, fp, i64, i64, i64, i64, ip, ip, vp, c.c_char_p, sz]
+        lib.qb_quantize_silu_mul.restype = ip
     lib.qb_quantize_workspace_size.argtypes = [i64, i64, ip]
     lib.qb_quantize_workspace_size.restype = sz
     lib.qb_quantize_override.argtypes = [ip, ip]
@@ -538,6 +541,21 @@ def quantize_group(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, grou
         _raise("qb_quantize_group", st, buf)
 
 
+def _dynamic_outputs(fn: str, q: torch.Tensor, scale: torch.Tensor, rows: int, cols: int, group: int):
+    """Checks q [rows, cols] and the dynamic scale (per token [rows], or per token group [rows,
+    ceil(cols / group)]) of a fused quantize; returns their row strides (ldq, ld_scale)."""
+    if q.shape != (rows, cols) or (q.stride(1) != 1 and cols > 1):
+        raise ValueError(f"{fn}: q must be {(rows, cols)} with unit column stride")
+    groups = -(-cols // group) if group else 1
+    want = (rows, groups) if group else (rows,)
+    if scale.dtype != torch.float32 or tuple(scale.shape) != want or (scale.stride(-1) != 1 and groups * rows > 1):
+        raise ValueError(f"{fn}: scale must be fp32 {list(want)} with unit last stride, got "
+                         f"{scale.dtype} {tuple(scale.shape)} strides {tuple(scale.stride())}")
+    ldq = q.stride(0) if rows > 1 else cols
+    ld_scale = (scale.stride(0) if rows > 1 else groups) if group else 1
+    return ldq, ld_scale
+
+
 def has_quantize_gather() -> bool:
     """Whether the loaded library has qb_quantize_gather (libraries built before it do not)."""
     return hasattr(_need(), "qb_quantize_gather")
@@ -565,18 +583,10 @@ def quantize_gather(x2d: torch.Tensor, index: torch.Tensor, q: torch.Tensor, sca
     rows, cols = index.numel(), x2d.shape[1]
     if x2d.stride(1) != 1 and cols > 1:
         raise ValueError(f"quantize_gather: x must have unit column stride, got strides {tuple(x2d.stride())}")
-    if q.shape != (rows, cols) or (q.stride(1) != 1 and cols > 1):
-        raise ValueError(f"quantize_gather: q must be {(rows, cols)} with unit column stride")
-    groups = -(-cols // group) if group else 1
-    want = (rows, groups) if group else (rows,)
-    if scale.dtype != torch.float32 or tuple(scale.shape) != want or (scale.stride(-1) != 1 and groups * rows > 1):
-        raise ValueError(f"quantize_gather: scale must be fp32 {list(want)} with unit last stride, got "
-                         f"{scale.dtype} {tuple(scale.shape)} strides {tuple(scale.stride())}")
+    ldq, ld_scale = _dynamic_outputs("quantize_gather", q, scale, rows, cols, group)
     if rows == 0:
         return
     ldx = x2d.stride(0) if x2d.shape[0] > 1 else cols
-    ldq = q.stride(0) if rows > 1 else cols
-    ld_scale = (scale.stride(0) if rows > 1 else groups) if group else 1
     with _on_device(x2d.device) as dev:
         stream = torch.cuda.current_stream(dev).cuda_stream
         buf = _errbuf()
@@ -585,6 +595,41 @@ def quantize_gather(x2d: torch.Tensor, index: torch.Tensor, q: torch.Tensor, sca
                                     _code(q, "q"), stream, buf, _ERR_LEN)
     if st:
         _raise("qb_quantize_gather", st, buf)
+
+
+def has_quantize_silu_mul() -> bool:
+    """Whether the loaded library has qb_quantize_silu_mul (libraries built before it do not)."""
+    return hasattr(_need(), "qb_quantize_silu_mul")
+
+
+def quantize_silu_mul(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: int) -> None:
+    """Row r of q (and of scale) is the dynamic quantize of SiLU(h[r, :I]) * h[r, I:] (in fp32, rounded
+    to h's dtype), I = h.shape[1] // 2: per token (group 0, scale [rows] contiguous) or per token group
+    (scale [rows, ceil(I / group)], unit column stride).
+
+    h: [rows, 2 * I] f16/bf16 with unit column stride; q: [rows, I] e4m3fn/e5m2/int8, unit column stride.
+    """
+    lib = _need()
+    if not hasattr(lib, "qb_quantize_silu_mul"):
+        raise RuntimeError("quantize_silu_mul: this libqbackend_cuda predates qb_quantize_silu_mul; rebuild it "
+                           "(`qbackend build`)")
+    if not isinstance(group, int) or group < 0:
+        raise ValueError(f"quantize_silu_mul: group must be an int >= 0 (0: per token), got {group!r}")
+    if h.dim() != 2 or h.shape[1] % 2 or (h.stride(1) != 1 and h.shape[1] > 1):
+        raise ValueError(f"quantize_silu_mul: h must be 2-D [rows, 2 * I] with unit column stride, got shape "
+                         f"{tuple(h.shape)} strides {tuple(h.stride())}")
+    rows, cols = h.shape[0], h.shape[1] // 2
+    ldq, ld_scale = _dynamic_outputs("quantize_silu_mul", q, scale, rows, cols, group)
+    if rows == 0 or cols == 0:
+        return
+    ldx = h.stride(0) if rows > 1 else 2 * cols
+    with _on_device(h.device) as dev:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        buf = _errbuf()
+        st = lib.qb_quantize_silu_mul(h.data_ptr(), ldx, q.data_ptr(), ldq, scale.data_ptr(), ld_scale, rows, cols,
+                                      int(group), _code(h, "h"), _code(q, "q"), stream, buf, _ERR_LEN)
+    if st:
+        _raise("qb_quantize_silu_mul", st, buf)
 
 
 def quantize_override(token_kernel: int = -1, row_vecs: int = 0) -> None:

@@ -14,7 +14,7 @@ from .convert import convert_checkpoint
 from .formats import CheckpointError, load_checkpoint, load_gguf, load_moe, load_quantized, save_quantized
 from .fp8 import native_fp8_dtype, to_fnuz
 from .hookspecs import hookimpl
-from .moe import gather_quantize, moe_align
+from .moe import gather_quantize, moe_align, silu_mul_quantize
 from .nn import QuantLinear, QuantMoE, Routing, calibrate, calibration, quantize_model
 from .probe import DeviceInfo, device_info
 from .problem import PROBLEM_KINDS, Granularity, Op, Problem, Verdict
@@ -25,7 +25,8 @@ from .weights import PreparedWeight, prepare_weight
 
 __version__ = "0.1.0"
 
-__all__ = ["scaled_mm", "grouped_scaled_mm", "moe_align", "gather_quantize", "quantize", "dequantize",
+__all__ = ["scaled_mm", "grouped_scaled_mm", "moe_align", "gather_quantize", "silu_mul_quantize",
+           "quantize", "dequantize",
            "prepare_weight", "linear",
            "PreparedWeight",
            "select", "explain", "selection_table",

@@ -61,3 +61,20 @@ def gather_quantize(x: torch.Tensor, index: torch.Tensor, dtype: torch.dtype = q
     if torch.compiler.is_compiling():
         return ops.gather_quantize_op(x, index, dtype, granularity, group_size)
     return ops.gather_quantize_impl(x, index, dtype, granularity, group_size)
+
+
+def silu_mul_quantize(h: torch.Tensor, dtype: torch.dtype = qd.E4M3, granularity: str = "token",
+                      group_size: int = 128):
+    """quantize(SiLU(h[:, :I]) * h[:, I:], dtype, granularity, group_size=group_size) -> (q, scale),
+    I = h.shape[1] // 2: the activation of a gated MLP (a MoE layer's gate/up output, gate columns
+    first) quantized for the next GEMM, in one pass where the provider has a fused kernel (the CUDA
+    library's, for bf16 / fp16 h).
+
+    The activation is SiLU(gate) * up computed in fp32 (SiLU(g) = g / (1 + exp(-g))) and rounded once
+    to h's dtype, then quantized exactly as quantize does it; the fused kernel gives the same bits as
+    that composition on the same GPU. h: [rows, 2 * I] bfloat16 / float16 / float32; granularity
+    "token" (scale [rows, 1]) or "group" (scale [rows, ceil(I / group_size)]).
+    """
+    if torch.compiler.is_compiling():
+        return ops.silu_mul_quantize_op(h, dtype, granularity, group_size)
+    return ops.silu_mul_quantize_impl(h, dtype, granularity, group_size)

@@ -1,10 +1,11 @@
 """torch.library ops: what torch.compile and CUDA graphs see.
 
 `qbackend::scaled_mm`, `qbackend::grouped_scaled_mm`, `qbackend::quantize` (dynamic: returns q and
-its new scale), `qbackend::quantize_static` (returns q) and `qbackend::gather_quantize` (a MoE layer's
-routed rows). Each real implementation validates, picks the provider for the tensors' device (a
-cached lookup) and calls it; each fake implementation validates and returns empty tensors of the
-right shape, so errors surface at trace time too.
+its new scale), `qbackend::quantize_static` (returns q), `qbackend::gather_quantize` (a MoE layer's
+routed rows) and `qbackend::silu_mul_quantize` (its gated activation). Each real implementation
+validates, picks the provider for the tensors' device (a cached lookup) and calls it; each fake
+implementation validates and returns empty tensors of the right shape, so errors surface at trace
+time too.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from torch.library import custom_op
 from . import dtypes as qd
 from . import probe, registry
 from .validate import WeightSpec, quantize_scale_shape, validate_quantize, validate_scaled_mm
-from .validate_grouped import validate_gather_quantize, validate_grouped_scaled_mm
+from .validate_grouped import validate_gather_quantize, validate_grouped_scaled_mm, validate_silu_mul_quantize
 from .weights import linear_impl
 
 
@@ -102,6 +103,43 @@ def _gather_quantize_fake(x, index, dtype, granularity, group_size):
     rows, K = index.shape[0], x.shape[1]
     shape = quantize_scale_shape((rows, K), granularity, group_size, (128, 128))
     return x.new_empty((rows, K), dtype=dtype), x.new_empty(shape, dtype=torch.float32)
+
+
+def silu_mul(h: torch.Tensor) -> torch.Tensor:
+    """SiLU(h[:, :I]) * h[:, I:] in fp32, rounded once to h's dtype: the activation that
+    silu_mul_quantize quantizes (and what the fused kernel computes)."""
+    i = h.shape[1] // 2
+    return (torch.nn.functional.silu(h[:, :i].float()) * h[:, i:].float()).to(h.dtype)
+
+
+def silu_mul_quantize_impl(h, dtype, granularity, group_size):
+    problem = validate_silu_mul_quantize(h, dtype, granularity, group_size)
+    rows, cols = h.shape[0], h.shape[1] // 2
+    if rows == 0:
+        shape = quantize_scale_shape((rows, cols), granularity, group_size, (128, 128))
+        return (h.new_empty((rows, cols), dtype=dtype), h.new_full(shape, qd.min_scale(dtype), dtype=torch.float32))
+
+    def call(p):
+        fused = getattr(p, "quantize_silu_mul", None)
+        out = fused(h, dtype, granularity, group_size, problem) if fused is not None else None
+        if out is not None:
+            return out
+        return p.quantize(silu_mul(h), dtype, granularity, None, None, group_size, (128, 128), problem)
+    return registry.get().run(probe.device_info(h.device), problem, call)
+
+
+@custom_op("qbackend::silu_mul_quantize", mutates_args=())
+def silu_mul_quantize_op(h: torch.Tensor, dtype: torch.dtype, granularity: str,
+                         group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return silu_mul_quantize_impl(h, dtype, granularity, group_size)
+
+
+@silu_mul_quantize_op.register_fake
+def _silu_mul_quantize_fake(h, dtype, granularity, group_size):
+    validate_silu_mul_quantize(h, dtype, granularity, group_size)
+    rows, cols = h.shape[0], h.shape[1] // 2
+    shape = quantize_scale_shape((rows, cols), granularity, group_size, (128, 128))
+    return h.new_empty((rows, cols), dtype=dtype), h.new_empty(shape, dtype=torch.float32)
 
 
 @custom_op("qbackend::scaled_mm", mutates_args=())

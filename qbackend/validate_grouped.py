@@ -171,3 +171,20 @@ def validate_gather_quantize(x, index, dtype, granularity, group_size_) -> Probl
         _fail(fn, "x", "must have at least one row when index is not empty", _shape(x))
     check_index_values(fn, "index", index, x.shape[0], "x.shape[0]")
     return validate_quantize(x, dtype, granularity, None, None, group_size_, (128, 128), fn)
+
+
+def validate_silu_mul_quantize(h, dtype, granularity, group_size_) -> Problem:
+    """The quantize problem of a gated MLP's activation SiLU(h[:, :I]) * h[:, I:] (token or group
+    granularity), I = h.shape[1] // 2."""
+    fn = "silu_mul_quantize"
+    _check_tensor(fn, "h", h)
+    if h.dim() != 2:
+        _fail(fn, "h", "must be 2-D [rows, 2 * I] (gate columns, then up columns)", f"rank {h.dim()}")
+    if h.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        _fail(fn, "h", "dtype must be bfloat16, float16 or float32", qd.dtype_name(h.dtype), TypeError)
+    if h.shape[1] % 2 or h.shape[1] == 0:
+        _fail(fn, "h", "must have an even, non-zero number of columns ([gate | up])", _shape(h))
+    if granularity not in ("token", "group"):
+        _fail(fn, "granularity", "must be 'token' or 'group'", repr(granularity))
+    # The problem is the quantize of the activation: a view with its columns (no data is read).
+    return validate_quantize(h[:, :h.shape[1] // 2], dtype, granularity, None, None, group_size_, (128, 128), fn)

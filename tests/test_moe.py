@@ -131,6 +131,70 @@ def test_gather_quantize_compiles_fullgraph(gen):
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
 
 
+# ---------------------------------------------------------------------------- silu_mul_quantize
+
+def _silu_mul_f64(h):
+    """SiLU(gate) * up in float64: an independent account of the activation."""
+    i = h.shape[1] // 2
+    g, u = h[:, :i].double(), h[:, i:].double()
+    return g * torch.sigmoid(g) * u
+
+
+@pytest.mark.parametrize("provider", ["reference", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8])
+@pytest.mark.parametrize("hdtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("granularity, inter", [("token", 200), ("group", 320), ("group", 100)])
+def test_silu_mul_quantize_quantizes_the_gated_activation(gen, monkeypatch, provider, dtype, hdtype, granularity,
+                                                           inter):
+    monkeypatch.setenv("QBACKEND_PROVIDER", provider)
+    registry.reload()
+    wide = (torch.randn(13, 2 * inter + 6, generator=gen) * 3).to(hdtype)
+    wide[4, 9] = 300.0  # an outlier gate: its row (group) gets a larger scale
+    h = wide[:, 3:3 + 2 * inter]  # row-strided, offset columns
+    q, s = qbackend.silu_mul_quantize(h, dtype, granularity, group_size=64)
+    groups = -(-inter // 64)
+    assert q.shape == (13, inter) and q.dtype == dtype
+    assert s.shape == ((13, groups) if granularity == "group" else (13, 1)) and s.dtype == torch.float32
+    # The same bits as quantize of the activation rounded to h's dtype, ...
+    q_ref, s_ref = qbackend.quantize(ops.silu_mul(h), dtype, granularity, group_size=64)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+    # ... which is SiLU(gate) * up within the quantization's own error (half a step of the format at
+    # each element's scale, plus the rounding to h's dtype).
+    act = _silu_mul_f64(h)
+    scale = s.double().repeat_interleave(64, 1)[:, :inter] if granularity == "group" else s.double()
+    err = (q.double() * scale - act).abs() if dtype == torch.int8 else (q.to(torch.float64) * scale - act).abs()
+    step = {torch.float8_e4m3fn: 2.0**-3, torch.float8_e5m2: 2.0**-2, torch.int8: None}[dtype]
+    bound = (0.5 * scale + 1e-12) if step is None else (act.abs() * step + scale * 2.0**-9)
+    bound = bound + act.abs() * 2.0**-7
+    assert (err <= bound).all(), float((err - bound).max())
+
+
+def test_silu_mul_quantize_errors_and_empty(gen):
+    h = torch.randn(4, 256, generator=gen).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"silu_mul_quantize: h: must have an even, non-zero number of columns"):
+        qbackend.silu_mul_quantize(h[:, :255])
+    with pytest.raises(ValueError, match=r"silu_mul_quantize: h: must be 2-D"):
+        qbackend.silu_mul_quantize(h.reshape(2, 2, 256))
+    with pytest.raises(TypeError, match=r"silu_mul_quantize: h: dtype must be bfloat16, float16 or float32"):
+        qbackend.silu_mul_quantize(h.to(torch.float8_e4m3fn))
+    with pytest.raises(TypeError, match=r"silu_mul_quantize: h: must be a torch.Tensor"):
+        qbackend.silu_mul_quantize([[1.0, 2.0]])
+    with pytest.raises(ValueError, match="silu_mul_quantize: granularity: must be 'token' or 'group'"):
+        qbackend.silu_mul_quantize(h, granularity="tensor")
+    with pytest.raises(ValueError, match="silu_mul_quantize: group_size: must be a positive int"):
+        qbackend.silu_mul_quantize(h, granularity="group", group_size=0)
+    q, s = qbackend.silu_mul_quantize(h[:0], granularity="group")
+    assert q.shape == (0, 128) and s.shape == (0, 1)
+
+
+def test_silu_mul_quantize_compiles_fullgraph(gen):
+    h = torch.randn(9, 512, generator=gen).to(torch.bfloat16)
+    fn = torch.compile(lambda h: qbackend.silu_mul_quantize(h, granularity="group"), fullgraph=True, backend="eager")
+    q, s = fn(h)
+    q_ref, s_ref = qbackend.quantize(ops.silu_mul(h), granularity="group")
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+
+
 # ------------------------------------------------------------------------------------- QuantMoE
 
 def float_experts(gen, experts=E, hidden=H, inter=INTER):

@@ -317,3 +317,32 @@ def test_malformed_quantize_gather_is_an_error_code(change, needle):
 
 def test_quantize_gather_with_no_rows_is_a_no_op():
     assert _gather_status(rows=0) == (0, "")
+
+
+def _silu_status(rows=3, cols=256, ldx=512, group=0, ld_scale=0, x_dtype=BF16, q_dtype=E4M3, x=None):
+    lib = native.load()
+    if not hasattr(lib, "qb_quantize_silu_mul"):
+        pytest.skip(f"{native.library_path()} predates qb_quantize_silu_mul")
+    buf = native._errbuf()
+    st = lib.qb_quantize_silu_mul(x, ldx, None, cols, None, ld_scale, rows, cols, group, x_dtype, q_dtype, None, buf,
+                                  native._ERR_LEN)
+    return st, buf.value.decode()
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(x_dtype=0), "x_dtype 0 must be f16 (1) or bf16 (2)"),
+    (dict(group=-1), "group (=-1) must be 0 (per token) or in [1, 2^30]"),
+    (dict(ldx=511), "ldx (=511) must be >= 2 * cols (=512): a row of x is [gate | up]"),
+    (dict(group=128, ld_scale=1), "ld_scale (=1) must be >= ceil(cols / group) (=2)"),
+    (dict(), "x, q and scale must be non-NULL"),
+    (dict(q_dtype=9), "q_dtype 9"),
+    (dict(cols=0), "cols (=0) > 0"),
+])
+def test_malformed_quantize_silu_mul_is_an_error_code(change, needle):
+    st, msg = _silu_status(**change)
+    assert st == 1, (st, msg)             # QB_ERR_INVALID_ARGUMENT
+    assert needle in msg, msg
+
+
+def test_quantize_silu_mul_with_no_rows_is_a_no_op():
+    assert _silu_status(rows=0) == (0, "")

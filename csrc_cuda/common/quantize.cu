@@ -290,10 +290,44 @@ __device__ __forceinline__ float poison_if(bool bad, float scale) {
   return bad ? __uint_as_float(0x7FC00000u) : scale;
 }
 
+__device__ __forceinline__ __half from_f32(float v, __half) { return __float2half_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f32(float v, __nv_bfloat16) { return __float2bfloat16_rn(v); }
+
+// The activation of a gated MLP, SiLU(gate) * up, computed as torch computes
+// (F.silu(g.float()) * u.float()).to(T) on a GPU: SiLU(g) = g / (1 + exp(-g)) with IEEE expf and
+// division (this file is built without fast math), one fp32 product, one rounding to T.
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> silu_mul(const Vec<T, VEC>& gate, const Vec<T, VEC>& up) {
+  Vec<T, VEC> act;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float g = to_f32(gate.v[j]);
+    act.v[j] = from_f32((g / (1.0f + expf(-g))) * to_f32(up.v[j]), T());
+  }
+  return act;
+}
+
+// Vector idx of the row a quantize kernel reads, from p (the row's first vector): the row itself,
+// or with kSiluMul the gated activation of a [gate | up] row whose up half starts `up` vectors
+// after p. kOnce: a streaming (read-once) load; otherwise an ordinary one, for vectors read twice.
+template <typename T, int VEC, bool kSiluMul, bool kOnce>
+__device__ __forceinline__ Vec<T, VEC> load_src(const Vec<T, VEC>* p, int64_t idx, int64_t up) {
+  if constexpr (kSiluMul) {
+    if constexpr (kOnce) return silu_mul<T, VEC>(load_once(p + idx), load_once(p + up + idx));
+    else return silu_mul<T, VEC>(p[idx], p[up + idx]);
+  } else {
+    (void)up;
+    if constexpr (kOnce) return load_once(p + idx);
+    else return p[idx];
+  }
+}
+
 // DYNAMIC_TOKEN: block r quantizes row r. nvec = cols / VEC; each thread caches VECS vectors of the
 // row in registers (a template parameter: a run-time count would keep registers for kCacheVecs and
 // cost the wide blocks their occupancy).
-template <typename T, int VEC, int QD, int VECS>
+// kSiluMul: x's rows are [gate | up] halves of nvec vectors each, and the row quantized is their
+// gated activation (silu_mul).
+template <typename T, int VEC, int QD, int VECS, bool kSiluMul>
 __global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
                                                         int64_t ldq, float* __restrict__ scales, int64_t nvec,
                                                         const float* __restrict__ scale_ub,
@@ -311,12 +345,12 @@ __global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __
   for (int i = 0; i < VECS; ++i) {
     const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
     if (idx < nvec) {
-      cache[i] = load_once(xr + idx);
+      cache[i] = load_src<T, VEC, kSiluMul, true>(xr, idx, nvec);
       m = vec_amax<T, VEC>(cache[i], m);
     }
   }
   for (int64_t idx = threadIdx.x + int64_t(VECS) * blockDim.x; idx < nvec; idx += blockDim.x)
-    m = vec_amax<T, VEC>(xr[idx], m);
+    m = vec_amax<T, VEC>(load_src<T, VEC, kSiluMul, false>(xr, idx, nvec), m);
 
   const float scale = poison_if(bad, scale_from_amax<QD>(block_max(m, red), scale_ub));
   if (threadIdx.x == 0) scales[r] = scale;
@@ -328,7 +362,7 @@ __global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __
     if (idx < nvec) vec_store<T, VEC, QD>(cache[i], div, qr + idx * VEC);
   }
   for (int64_t idx = threadIdx.x + int64_t(VECS) * blockDim.x; idx < nvec; idx += blockDim.x)
-    vec_store<T, VEC, QD>(xr[idx], div, qr + idx * VEC);
+    vec_store<T, VEC, QD>(load_src<T, VEC, kSiluMul, false>(xr, idx, nvec), div, qr + idx * VEC);
 }
 
 // DYNAMIC_TOKEN, persistent and software-pipelined: a resident block walks rows r, r + grid, ...
@@ -393,7 +427,8 @@ __global__ void __launch_bounds__(kMaxPipelinedThreads)
 // with one vector per lane (16 lanes) the H100 moved 1.44 TB/s at 8192 x 7168. Vectors never
 // straddle a group boundary: the host takes the 16-byte path only where VEC divides the group and
 // the columns.
-template <typename T, int VEC, int QD, int LANES>
+// kSiluMul as per_token_kernel's: a row of x is [gate | up], `cols` columns each.
+template <typename T, int VEC, int QD, int LANES, bool kSiluMul>
 __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
                                                         int64_t ldq, float* __restrict__ scales, int64_t ld_scale,
                                                         int64_t rows, int64_t cols, int64_t group,
@@ -414,6 +449,7 @@ __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x,
   bool bad = false;
   const int64_t src = live ? source_row(gather, r, x_rows, bad) : 0;
   const auto* xg = reinterpret_cast<const Vec<T, VEC>*>(x + src * ldx + c0);
+  const int64_t up = cols / VEC;  // where the up half starts, in vectors (kSiluMul only)
   uint8_t* qg = q + r * ldq + c0;
 
   Vec<T, VEC> cache[kCacheVecs];
@@ -422,11 +458,12 @@ __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x,
   for (int i = 0; i < kCacheVecs; ++i) {
     const int64_t idx = lane + int64_t(i) * LANES;
     if (idx < nvec) {
-      cache[i] = load_once(xg + idx);
+      cache[i] = load_src<T, VEC, kSiluMul, true>(xg, idx, up);
       m = vec_amax<T, VEC>(cache[i], m);
     }
   }
-  for (int64_t idx = lane + int64_t(kCacheVecs) * LANES; idx < nvec; idx += LANES) m = vec_amax<T, VEC>(xg[idx], m);
+  for (int64_t idx = lane + int64_t(kCacheVecs) * LANES; idx < nvec; idx += LANES)
+    m = vec_amax<T, VEC>(load_src<T, VEC, kSiluMul, false>(xg, idx, up), m);
 #pragma unroll
   for (int o = LANES / 2; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o, LANES));
   if (!live) return;
@@ -440,7 +477,7 @@ __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x,
     if (idx < nvec) vec_store<T, VEC, QD>(cache[i], div, qg + idx * VEC);
   }
   for (int64_t idx = lane + int64_t(kCacheVecs) * LANES; idx < nvec; idx += LANES)
-    vec_store<T, VEC, QD>(xg[idx], div, qg + idx * VEC);
+    vec_store<T, VEC, QD>(load_src<T, VEC, kSiluMul, false>(xg, idx, up), div, qg + idx * VEC);
 }
 
 // Tuning/tests (qb_quantize_override): -1 automatic, 0 one block per row, 1 persistent pipelined;
@@ -540,6 +577,7 @@ struct QuantArgs {
   int64_t group, ld_scale;  // DYNAMIC_GROUP only
   const int64_t* gather;    // DYNAMIC_TOKEN and DYNAMIC_GROUP: row r of q from row gather[r] of x, or r
   int64_t x_rows;           // the rows of x that gather may name
+  bool silu_mul;            // DYNAMIC_TOKEN and DYNAMIC_GROUP: x's rows are [gate | up], 2 * cols wide
   const float* scale_ub;
   void* workspace;
   cudaStream_t stream;
@@ -563,7 +601,7 @@ cudaError_t launch_kernel(void (*kernel)(Params...), unsigned grid, int block, c
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
-template <typename T, int VEC, int QD>
+template <typename T, int VEC, int QD, bool kSiluMul>
 int launch(const QuantArgs& a, const qb::Err& err) {
   const int64_t nvec = a.cols / VEC;
   const T* x = static_cast<const T*>(a.x);
@@ -579,10 +617,10 @@ int launch(const QuantArgs& a, const qb::Err& err) {
     const int64_t group_vecs = qb::cdiv(a.group, int64_t(VEC));
     const int lanes = group_vecs <= 4 * kCacheVecs ? 4 : group_vecs <= 8 * kCacheVecs ? 8
                       : group_vecs <= 16 * kCacheVecs ? 16 : 32;
-    auto kernel = lanes == 4    ? per_group_kernel<T, VEC, QD, 4>
-                  : lanes == 8  ? per_group_kernel<T, VEC, QD, 8>
-                  : lanes == 16 ? per_group_kernel<T, VEC, QD, 16>
-                                : per_group_kernel<T, VEC, QD, 32>;
+    auto kernel = lanes == 4    ? per_group_kernel<T, VEC, QD, 4, kSiluMul>
+                  : lanes == 8  ? per_group_kernel<T, VEC, QD, 8, kSiluMul>
+                  : lanes == 16 ? per_group_kernel<T, VEC, QD, 16, kSiluMul>
+                                : per_group_kernel<T, VEC, QD, 32, kSiluMul>;
     const int64_t groups = a.rows * qb::cdiv(a.cols, a.group);
     const unsigned grid = static_cast<unsigned>(qb::cdiv(groups * lanes, int64_t(threads)));
     cudaError_t e = launch_kernel(kernel, grid, threads, a, x, a.ldx, a.q, a.ldq, a.scale, a.ld_scale, a.rows,
@@ -598,17 +636,17 @@ int launch(const QuantArgs& a, const qb::Err& err) {
     // Measured on the H200 (bench_quantize.py): the row-pipelined kernel was no faster at 8192 x
     // 14336 and 19 % slower at 8192 x 4096 (39.3 vs 33.1 us) than one block per row, so it runs
     // only when forced (kept for tuning on other GPUs).
-    const bool pipelined = fits && t_token_kernel == 1 && a.gather == nullptr;
+    const bool pipelined = fits && t_token_kernel == 1 && a.gather == nullptr && !kSiluMul;
     if (pipelined) {
       const int64_t resident =
           int64_t(a.sm_count) * resident_blocks(per_token_pipelined_kernel<T, VEC, QD>, t_pipelined, a.device);
       per_token_pipelined_kernel<T, VEC, QD><<<static_cast<unsigned>(std::min<int64_t>(a.rows, resident)), t_pipelined,
                                                0, a.stream>>>(x, a.ldx, a.q, a.ldq, a.scale, a.rows, nvec, a.scale_ub);
     } else {
-      auto kernel = per_token_kernel<T, VEC, QD, kCacheVecs>;
+      auto kernel = per_token_kernel<T, VEC, QD, kCacheVecs, kSiluMul>;
       if constexpr (VEC > 1) {
-        if (vecs == 1) kernel = per_token_kernel<T, VEC, QD, 1>;
-        if (vecs == 2) kernel = per_token_kernel<T, VEC, QD, 2>;
+        if (vecs == 1) kernel = per_token_kernel<T, VEC, QD, 1, kSiluMul>;
+        if (vecs == 2) kernel = per_token_kernel<T, VEC, QD, 2, kSiluMul>;
       }
       cudaError_t e = launch_kernel(kernel, static_cast<unsigned>(a.rows), t, a, x, a.ldx, a.q, a.ldq, a.scale, nvec,
                                     a.scale_ub, a.gather, a.x_rows);
@@ -640,7 +678,12 @@ int dispatch_vec(const QuantArgs& a, const qb::Err& err) {
   const bool vec_ok = qb::aligned16(a.x) && (a.ldx * int64_t(sizeof(T))) % 16 == 0 && a.cols % VEC == 0 &&
                       (reinterpret_cast<uintptr_t>(a.q) % VEC) == 0 && a.ldq % VEC == 0 &&
                       (a.mode != QB_QUANT_DYNAMIC_GROUP || a.group % VEC == 0);
-  return vec_ok ? launch<T, VEC, QD>(a, err) : launch<T, 1, QD>(a, err);
+  // The gated activation is built for 16-bit inputs only (the output of a 16-bit GEMM); the entry
+  // point refuses others.
+  if constexpr (!std::is_same_v<T, float>) {
+    if (a.silu_mul) return vec_ok ? launch<T, VEC, QD, true>(a, err) : launch<T, 1, QD, true>(a, err);
+  }
+  return vec_ok ? launch<T, VEC, QD, false>(a, err) : launch<T, 1, QD, false>(a, err);
 }
 
 template <typename T>
@@ -717,7 +760,7 @@ extern "C" int qb_quantize(const void* x, int64_t ldx, void* q, int64_t ldq, flo
   if (mode != QB_QUANT_STATIC_TENSOR && mode != QB_QUANT_DYNAMIC_TENSOR && mode != QB_QUANT_DYNAMIC_TOKEN)
     return err.set(QB_ERR_INVALID_ARGUMENT, "qb_quantize: mode %d must be 0 (static tensor), 1 (dynamic tensor) or 2 "
                    "(dynamic token); per-group quantize is qb_quantize_group", mode);
-  QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, mode, 0, 0, nullptr, rows,
+  QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, mode, 0, 0, nullptr, rows, false,
               mode == QB_QUANT_STATIC_TENSOR ? nullptr : scale_ub,
               mode == QB_QUANT_DYNAMIC_TENSOR ? workspace : nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
   return checked_quantize(a, x_dtype, q_dtype, "qb_quantize", err);
@@ -737,7 +780,7 @@ extern "C" int qb_quantize_group(const void* x, int64_t ldx, void* q, int64_t ld
   if (cols > 0 && rows > 0 && rows > (int64_t(1) << 36) / qb::cdiv(cols, group))
     return err.set(QB_ERR_UNSUPPORTED, "qb_quantize_group: at most 2^36 groups (rows x ceil(cols / group))");
   QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols, QB_QUANT_DYNAMIC_GROUP, group, ld_scale,
-              nullptr, rows, nullptr, nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
+              nullptr, rows, false, nullptr, nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
   return checked_quantize(a, x_dtype, q_dtype, "qb_quantize_group", err);
 }
 
@@ -761,7 +804,34 @@ extern "C" int qb_quantize_gather(const void* x, int64_t ldx, int64_t x_rows, co
   if (rows > 0 && x_rows < 1)
     return err.set(QB_ERR_INVALID_ARGUMENT, "%s: x_rows (=%lld) must be >= 1 when rows > 0", fn, (long long)x_rows);
   QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols,
-              group > 0 ? QB_QUANT_DYNAMIC_GROUP : QB_QUANT_DYNAMIC_TOKEN, group, ld_scale, index, x_rows,
+              group > 0 ? QB_QUANT_DYNAMIC_GROUP : QB_QUANT_DYNAMIC_TOKEN, group, ld_scale, index, x_rows, false,
+              nullptr, nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
+  return checked_quantize(a, x_dtype, q_dtype, fn, err);
+}
+
+extern "C" int qb_quantize_silu_mul(const void* x, int64_t ldx, void* q, int64_t ldq, float* scale, int64_t ld_scale,
+                                    int64_t rows, int64_t cols, int64_t group, int x_dtype, int q_dtype, void* stream,
+                                    char* err_buf, size_t err_len) {
+  const qb::Err err{err_buf, err_len};
+  if (err_buf && err_len) err_buf[0] = '\0';
+  const char* fn = "qb_quantize_silu_mul";
+  if (x_dtype != QB_F16 && x_dtype != QB_BF16)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: x_dtype %d must be f16 (1) or bf16 (2)", fn, x_dtype);
+  if (group < 0 || group > (int64_t(1) << 30))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: group (=%lld) must be 0 (per token) or in [1, 2^30]", fn,
+                   (long long)group);
+  if (cols > (int64_t(1) << 40))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: cols (=%lld) must be at most 2^40", fn, (long long)cols);
+  if (cols > 0 && ldx < 2 * cols)
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: ldx (=%lld) must be >= 2 * cols (=%lld): a row of x is [gate | up]",
+                   fn, (long long)ldx, (long long)(2 * cols));
+  if (group > 0 && cols > 0 && ld_scale < qb::cdiv(cols, group))
+    return err.set(QB_ERR_INVALID_ARGUMENT, "%s: ld_scale (=%lld) must be >= ceil(cols / group) (=%lld)", fn,
+                   (long long)ld_scale, (long long)qb::cdiv(cols, group));
+  if (group > 0 && cols > 0 && rows > 0 && rows > (int64_t(1) << 36) / qb::cdiv(cols, group))
+    return err.set(QB_ERR_UNSUPPORTED, "%s: at most 2^36 groups (rows x ceil(cols / group))", fn);
+  QuantArgs a{x, ldx, static_cast<uint8_t*>(q), ldq, scale, rows, cols,
+              group > 0 ? QB_QUANT_DYNAMIC_GROUP : QB_QUANT_DYNAMIC_TOKEN, group, ld_scale, nullptr, rows, true,
               nullptr, nullptr, static_cast<cudaStream_t>(stream), 0, 0, false};
   return checked_quantize(a, x_dtype, q_dtype, fn, err);
 }

@@ -259,6 +259,16 @@ int qb_quantize_gather(const void* x, int64_t ldx, int64_t x_rows, const int64_t
                        float* scale, int64_t ld_scale, int64_t rows, int64_t cols, int64_t group, int x_dtype,
                        int q_dtype, void* stream, char* err, size_t err_len);
 
+/* The activation of a gated MLP quantized in the same pass (a MoE layer's SiLU(gate) * up, ABI 1
+ * addition): row r of x is [gate | up], cols columns each (ldx >= 2 * cols); the row quantized is
+ * act = (SiLU(gate) * up in fp32, SiLU(g) = g / (1 + exp(-g)) as torch computes it on a GPU) rounded
+ * to x_dtype, per token (group == 0: scale[r]) or per token group (group > 0: scale[r * ld_scale + g]),
+ * with the numerics of qb_quantize / qb_quantize_group on act, bit for bit. x_dtype f16 or bf16.
+ * One kernel, no workspace, capturable. rows == 0 returns QB_OK. */
+int qb_quantize_silu_mul(const void* x, int64_t ldx, void* q, int64_t ldq, float* scale, int64_t ld_scale,
+                         int64_t rows, int64_t cols, int64_t group, int x_dtype, int q_dtype, void* stream,
+                         char* err, size_t err_len);
+
 /* Tuning and tests only: for the calling thread's later DYNAMIC_TOKEN calls, force the kernel
  * (token_kernel: -1 automatic, 0 one block per row, 1 persistent row-pipelined where the row fits)
  * and the one-block-per-row kernel's 16-byte vectors per thread (row_vecs: 0 automatic; 1, 2 or 4, and 3

@@ -1,7 +1,8 @@
 """QuantMoE: a mixture-of-experts feed-forward block on qbackend.grouped_scaled_mm.
 
     router top-k -> moe_align (expert order) -> gather + quantize -> grouped gate/up -> SiLU(gate) * up
-    -> quantize -> grouped down -> weighted sum back into token order
+    + quantize (one op) -> grouped down (routing weights in its activation scales) -> sum back into
+    token order
 
 Routing (`Routing`): softmax over the router's logits and top-k (Mixtral, Qwen3-MoE), or
 DeepSeek-V3's: sigmoid scores, a per-expert bias added for the choice only, the experts in n_group
@@ -151,15 +152,12 @@ class QuantMoE(nn.Module):
         """A stacked canonical weight scale in grouped_scaled_mm's scale_b form."""
         return scale.transpose(-2, -1) if scale.dim() == 3 else scale
 
-    def _quantize(self, x: torch.Tensor, rows: torch.Tensor | None = None):
-        """x (or x[rows], gathered in the same pass) quantized as the grouped GEMM takes it."""
-        granularity, group = ("group", self.block_size[1]) if self.block_size else ("token", 128)
-        if rows is not None:
-            return qbackend.gather_quantize(x, rows, FP8, granularity, group)
-        return qbackend.quantize(x, FP8, granularity, group_size=group)
+    def _activation_quantization(self) -> tuple[str, int]:
+        """How activations are quantized for the grouped GEMMs: per token, or per 1 x block_size[1]
+        group with block-scaled weights."""
+        return ("group", self.block_size[1]) if self.block_size else ("token", 128)
 
-    def _grouped(self, x, w, scale, offsets, out_dtype, rows=None):
-        q, s = self._quantize(x, rows)
+    def _grouped(self, q, s, w, scale, offsets, out_dtype):
         group = self.block_size[0] if self.block_size else 128
         return qbackend.grouped_scaled_mm(q, w.transpose(-2, -1), s, self._scale_b(scale), offsets,
                                           out_dtype=out_dtype, group_size=group)
@@ -189,16 +187,19 @@ class QuantMoE(nn.Module):
         x2 = x.reshape(-1, self.hidden)
         weights, ids = self.route(x2)
         perm, offsets, inverse = qbackend.moe_align(ids, self.num_experts)
+        granularity, group = self._activation_quantization()
         # The routed rows (each token once per chosen expert, in expert order) are gathered by the
-        # quantize itself.
-        h = self._grouped(x2, self.w13, self.w13_scale, offsets, out_dtype, rows=perm // self.top_k)
-        i = self.intermediate
-        act = (F.silu(h[:, :i].float()) * h[:, i:].float()).to(out_dtype)
-        y = self._grouped(act, self.w2, self.w2_scale, offsets, out_dtype)
-        # Back to (token, slot) order, then each token's weighted sum over its experts, in fp32.
+        # quantize itself, and SiLU(gate) * up is computed by the quantize of the second GEMM's input.
+        q, s = qbackend.gather_quantize(x2, perm // self.top_k, FP8, granularity, group)
+        h = self._grouped(q, s, self.w13, self.w13_scale, offsets, out_dtype)
+        q, s = qbackend.silu_mul_quantize(h, FP8, granularity, group)
+        # Each row's routing weight joins its activation scale: the down GEMM applies it in its fp32
+        # epilogue, and no weighted copy of the expert outputs is made.
+        s = s * weights.reshape(-1).index_select(0, perm).unsqueeze(-1)
+        y = self._grouped(q, s, self.w2, self.w2_scale, offsets, out_dtype)
+        # Back to (token, slot) order; each token's sum over its experts (accumulated in fp32).
         y = y.index_select(0, inverse).reshape(x2.shape[0], self.top_k, self.hidden)
-        out = (y.float() * weights.unsqueeze(-1)).sum(dim=1)
-        return out.to(out_dtype).reshape(x.shape)
+        return y.sum(dim=1).reshape(x.shape)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
