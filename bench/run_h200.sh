@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build check + GPU tests + benchmarks for libqbackend_cuda on an H200, logs under $RESULTS_DIR.
-#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qgroup|block|moe|accumulate|qsweep|bench|qbackend_bench|mbench|e2e|e2e_moe|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
+#   bash bench/run_h200.sh [tests|providers|random|tcases|tpaths|selection|marlin|minilm|tune|ab|tokens|qbench|qgroup|block|moe_tests|moe|semantics|accumulate|qsweep|bench|qbackend_bench|mbench|e2e|e2e_moe|ncu|ncu_detail|ncu_marlin|mtrace|memcheck|racecheck|wheel|buildtime]...
 #   (default: tests tune qbench bench memcheck).
 # Installs qbackend from this tree first (editable, no CUDA build, no downloads: the machine's torch,
 # pluggy, safetensors and nvidia-ml-py are used). Expects the library built elsewhere, at
@@ -64,6 +64,17 @@ for step in $steps; do
         --json "$OUT/qbackend_bench_h200.json" --png "$OUT/qbackend_bench_h200.png" 2>&1 | tee "$OUT/qbackend_bench_h200.txt" ;;
     block)  # block-scaled FP8: qbackend against torch's cuBLASLt blockwise, Triton and bf16 (issue grid)
       timeout 560 python3 bench/bench_block_fp8.py --out "$OUT/block_fp8_h200.json" 2>&1 | grep -v Warning ;;
+    moe_tests)  # grouped GEMM (both families, every config forced), the API-level grouped and QuantMoE tests,
+                # gather / SiLU quantize, streams; memcheck over the malformed-offset, graph and long-row cases
+      timeout 150 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::UserWarning tests/gpu/test_grouped_native_gpu.py \
+        tests/gpu/test_grouped_gpu.py tests/gpu/test_gather_quantize_gpu.py tests/gpu/test_silu_mul_quantize_gpu.py \
+        tests/gpu/test_devices_streams_gpu.py tests/test_native_abi.py 2>&1 | tail -8
+      timeout 150 compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning \
+        tests/gpu/test_grouped_native_gpu.py tests/gpu/test_silu_mul_quantize_gpu.py \
+        -k "(sm90 and (malformed or graph_replay or as_many)) or 40000 or 4096x2048 or non_finite" 2>&1 | tail -3 ;;
+    semantics)  # one semantics everywhere (issue 36): non-finite corpus, threads, bounded caches, fork / spawn
+      timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::UserWarning tests/gpu/test_nonfinite.py \
+        tests/gpu/test_threads.py tests/gpu/test_bounded_state.py tests/gpu/test_fork_spawn.py 2>&1 | tail -8 ;;
     moe)  # MoE expert layers as one grouped GEMM: qbackend against torch's grouped GEMMs and a per-expert loop (issue 38)
       timeout 450 python3 bench/bench_moe.py --out "$OUT" ${MOE_ARGS:-} 2>&1 | grep --line-buffered -v Warning ;;
     qgroup)  # per-token-group (1 x 128) quantize against torch.compile, after its GPU test
