@@ -294,15 +294,17 @@ __device__ __forceinline__ __half from_f32(float v, __half) { return __float2hal
 __device__ __forceinline__ __nv_bfloat16 from_f32(float v, __nv_bfloat16) { return __float2bfloat16_rn(v); }
 
 // The activation of a gated MLP, SiLU(gate) * up, computed as torch computes
-// (F.silu(g.float()) * u.float()).to(T) on a GPU: SiLU(g) = g / (1 + exp(-g)) with IEEE expf and
-// division (this file is built without fast math), one fp32 product, one rounding to T.
+// (F.silu(g.float()) * u.float()).to(T) on a GPU: SiLU(g) = g / (1 + exp(-g)) with expf and an
+// IEEE division, one fp32 product, one rounding to T. The division and product are spelled as
+// rounded intrinsics so that no build flag can make them approximate; expf is only exact to torch's
+// without fast math, which this library is built without.
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> silu_mul(const Vec<T, VEC>& gate, const Vec<T, VEC>& up) {
   Vec<T, VEC> act;
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const float g = to_f32(gate.v[j]);
-    act.v[j] = from_f32((g / (1.0f + expf(-g))) * to_f32(up.v[j]), T());
+    act.v[j] = from_f32(__fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), to_f32(up.v[j])), T());
   }
   return act;
 }
@@ -625,7 +627,8 @@ int launch(const QuantArgs& a, const qb::Err& err) {
     const unsigned grid = static_cast<unsigned>(qb::cdiv(groups * lanes, int64_t(threads)));
     cudaError_t e = launch_kernel(kernel, grid, threads, a, x, a.ldx, a.q, a.ldq, a.scale, a.ld_scale, a.rows,
                                   a.cols, a.group, a.gather, a.x_rows);
-    if (e != cudaSuccess) return err.cuda(e, "qb_quantize_group: kernel launch");
+    if (e != cudaSuccess)
+      return err.cuda(e, kSiluMul ? "qb_quantize_silu_mul: kernel launch" : "qb_quantize_group: kernel launch");
   } else if (a.mode == QB_QUANT_DYNAMIC_TOKEN) {
     // one, two or four vectors per thread on the 16-byte path; the scalar path (odd shapes) keeps four
     const int vecs = VEC > 1 ? row_vecs(a.rows, nvec, a.sm_count) : kCacheVecs;
@@ -650,7 +653,8 @@ int launch(const QuantArgs& a, const qb::Err& err) {
       }
       cudaError_t e = launch_kernel(kernel, static_cast<unsigned>(a.rows), t, a, x, a.ldx, a.q, a.ldq, a.scale, nvec,
                                     a.scale_ub, a.gather, a.x_rows);
-      if (e != cudaSuccess) return err.cuda(e, "qb_quantize: kernel launch");
+      if (e != cudaSuccess)
+        return err.cuda(e, kSiluMul ? "qb_quantize_silu_mul: kernel launch" : "qb_quantize: kernel launch");
     }
   } else if (a.mode == QB_QUANT_STATIC_TENSOR) {
     cudaError_t e = launch_kernel(elementwise_kernel<T, VEC, QD, false>, grid_ew, threads, a, x, a.ldx, a.q, a.ldq,
@@ -678,10 +682,13 @@ int dispatch_vec(const QuantArgs& a, const qb::Err& err) {
   const bool vec_ok = qb::aligned16(a.x) && (a.ldx * int64_t(sizeof(T))) % 16 == 0 && a.cols % VEC == 0 &&
                       (reinterpret_cast<uintptr_t>(a.q) % VEC) == 0 && a.ldq % VEC == 0 &&
                       (a.mode != QB_QUANT_DYNAMIC_GROUP || a.group % VEC == 0);
-  // The gated activation is built for 16-bit inputs only (the output of a 16-bit GEMM); the entry
-  // point refuses others.
-  if constexpr (!std::is_same_v<T, float>) {
-    if (a.silu_mul) return vec_ok ? launch<T, VEC, QD, true>(a, err) : launch<T, 1, QD, true>(a, err);
+  // The gated activation is built for 16-bit inputs only (the output of a 16-bit GEMM) and for the
+  // per-token and per-token-group modes; the entry point passes nothing else.
+  if (a.silu_mul) {
+    if (std::is_same_v<T, float> || (a.mode != QB_QUANT_DYNAMIC_TOKEN && a.mode != QB_QUANT_DYNAMIC_GROUP))
+      return err.set(QB_ERR_UNSUPPORTED, "qb_quantize_silu_mul: 16-bit x, per-token or per-group mode only");
+    if constexpr (!std::is_same_v<T, float>)
+      return vec_ok ? launch<T, VEC, QD, true>(a, err) : launch<T, 1, QD, true>(a, err);
   }
   return vec_ok ? launch<T, VEC, QD, false>(a, err) : launch<T, 1, QD, false>(a, err);
 }
