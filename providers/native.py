@@ -525,13 +525,9 @@ def quantize_group(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, grou
     if not isinstance(group, int) or group <= 0:
         raise ValueError(f"quantize_group: group must be a positive int, got {group!r}")
     rows, cols, ldx, ldq = _rows_and_strides("quantize_group", x2d, q)
-    groups = -(-cols // group)
-    if scale.dtype != torch.float32 or scale.shape != (rows, groups) or (scale.stride(1) != 1 and groups > 1):
-        raise ValueError(f"quantize_group: scale must be fp32 [{rows}, {groups}] with unit column stride, "
-                         f"got {scale.dtype} {tuple(scale.shape)} strides {tuple(scale.stride())}")
+    ld_scale = _dynamic_scale_ld("quantize_group", scale, rows, cols, group)
     if rows == 0:
         return
-    ld_scale = scale.stride(0) if rows > 1 else groups
     with _on_device(x2d.device) as dev:
         stream = torch.cuda.current_stream(dev).cuda_stream
         buf = _errbuf()
@@ -541,19 +537,24 @@ def quantize_group(x2d: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, grou
         _raise("qb_quantize_group", st, buf)
 
 
-def _dynamic_outputs(fn: str, q: torch.Tensor, scale: torch.Tensor, rows: int, cols: int, group: int):
-    """Checks q [rows, cols] and the dynamic scale (per token [rows], or per token group [rows,
-    ceil(cols / group)]) of a fused quantize; returns their row strides (ldq, ld_scale)."""
-    if q.shape != (rows, cols) or (q.stride(1) != 1 and cols > 1):
-        raise ValueError(f"{fn}: q must be {(rows, cols)} with unit column stride")
+def _dynamic_scale_ld(fn: str, scale: torch.Tensor, rows: int, cols: int, group: int) -> int:
+    """Checks the dynamic scale a quantize kernel writes (per token [rows] for group 0, per token group
+    [rows, ceil(cols / group)]) and returns its row stride: fp32, unit stride along its last
+    dimension wherever that has more than one element."""
     groups = -(-cols // group) if group else 1
     want = (rows, groups) if group else (rows,)
-    if scale.dtype != torch.float32 or tuple(scale.shape) != want or (scale.stride(-1) != 1 and groups * rows > 1):
+    if scale.dtype != torch.float32 or tuple(scale.shape) != want or (scale.stride(-1) != 1 and want[-1] > 1):
         raise ValueError(f"{fn}: scale must be fp32 {list(want)} with unit last stride, got "
                          f"{scale.dtype} {tuple(scale.shape)} strides {tuple(scale.stride())}")
-    ldq = q.stride(0) if rows > 1 else cols
-    ld_scale = (scale.stride(0) if rows > 1 else groups) if group else 1
-    return ldq, ld_scale
+    return (scale.stride(0) if rows > 1 else groups) if group else 1
+
+
+def _dynamic_outputs(fn: str, q: torch.Tensor, scale: torch.Tensor, rows: int, cols: int, group: int):
+    """Checks q [rows, cols] and the dynamic scale of a fused quantize whose x is not q's shape (a
+    gather, a gated activation); returns their row strides (ldq, ld_scale)."""
+    if q.shape != (rows, cols) or (q.stride(1) != 1 and cols > 1):
+        raise ValueError(f"{fn}: q must be {(rows, cols)} with unit column stride")
+    return (q.stride(0) if rows > 1 else cols), _dynamic_scale_ld(fn, scale, rows, cols, group)
 
 
 def has_quantize_gather() -> bool:
