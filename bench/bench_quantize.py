@@ -35,7 +35,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 F8 = torch.float8_e4m3fn
 SHAPES = [(16, 4096), (1024, 4096), (8192, 4096), (8192, 14336)]
-GROUP_SHAPES = [(16, 7168), (1024, 7168), (8192, 7168)]
+GROUP_SHAPES = [(16, 7168), (256, 7168), (1024, 7168), (4096, 7168), (8192, 7168), (4096, 2048)]
 GROUP = 128
 IMPLS = ["qbackend", "torch.eager", "torch.compile"]
 ROTATE_BYTES = 256 * 2 ** 20
@@ -119,7 +119,7 @@ def group_rows(impls, compiled):
         native.quantize_group(xs[0], qs[0], ss[0], GROUP)
         assert torch.equal(qs[0].view(torch.uint8), q_ref.view(torch.uint8)), "qbackend != reference (q)"
         assert torch.equal(ss[0], s_ref), "qbackend != reference (scales)"
-        times, line = time_impls(impls, xs, native_fns, torch_group_quant, compiled, nbytes)
+        times, line = time_impls(impls, xs, native_fns, torch_group_quant, compiled, nbytes, forced_group_kernels)
         rows += [{"M": M, "K": K, "granularity": "group", "impl": i, "us": us, "bytes": nbytes} for i, us in times]
         print(f"group {GROUP}: M={M} K={K} " + " ".join(line), flush=True)
         del xs, qs, ss, native_fns
@@ -192,6 +192,13 @@ def main():
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f,
                   indent=1)
     plot(rows, os.path.splitext(args.out)[0] + ".png")
+
+
+def forced_group_kernels(fns):
+    """Log only: the per-token-group call with the block-per-row kernel's vectors per thread forced,
+    and with the warp-per-group kernel forced."""
+    return [f"[{name}={forced_time(fns, kern, vecs):.2f}us]" for kern, vecs, name in
+            ((-1, 1, "row/1"), (-1, 2, "row/2"), (-1, 4, "row/4"), (2, 0, "warp"))]
 
 
 def forced_kernels(fns):

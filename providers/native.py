@@ -634,8 +634,9 @@ def quantize_silu_mul(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, gro
 
 
 def quantize_override(token_kernel: int = -1, row_vecs: int = 0) -> None:
-    """Tuning/tests: force the per-token kernel (0 block per row, 1 row-pipelined; -1 automatic) and
-    the block-per-row kernel's 16-byte vectors per thread (1, 2 or 4, 3 runs as 2; 0 automatic)."""
+    """Tuning/tests: force the dynamic quantize kernel (-1 automatic; per token, 0 block per row and
+    1 row-pipelined; per group, 2 a warp per group where a block per row would run) and the
+    block-per-row kernels' 16-byte vectors per thread (1, 2 or 4, 3 runs as 2; 0 automatic)."""
     _need().qb_quantize_override(int(token_kernel), int(row_vecs))
 
 

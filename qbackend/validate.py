@@ -262,8 +262,8 @@ def _check_positive_finite(fn: str, arg: str, s: torch.Tensor):
 
 def check_index_values(fn: str, arg: str, t: torch.Tensor, bound: int, bound_name: str) -> None:
     """An integer tensor's values within [0, bound), read on the CPU in eager mode only: on a GPU
-    (or while tracing) reading them would be a host sync."""
-    if t.device.type == "cpu" and t.numel() and not torch.compiler.is_compiling():
+    (or while tracing, where fake tensors hold no values) reading them would be a host sync."""
+    if t.device.type == "cpu" and t.numel() and not torch.compiler.is_compiling() and not _is_fake(t):
         lo, hi = int(t.min()), int(t.max())
         if lo < 0 or hi >= bound:
             _fail(fn, arg, f"values must lie in [0, {bound_name}) = [0, {bound})", f"values from {lo} to {hi}")

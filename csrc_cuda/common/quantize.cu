@@ -21,6 +21,9 @@
 //                  many rows narrow ones (up to four): see row_vecs. per_token_pipelined_kernel
 //                  (resident blocks that prefetch their next row) is an alternative, slower on the
 //                  H200, kept for tuning.
+//   DYNAMIC_GROUP  one fused pass: per_row_group_kernel (a block per row, a group's amax reduced over
+//                  the lanes that hold it) where a group is a power of two of 16-byte vectors up to
+//                  32, per_group_kernel (a warp per group) otherwise.
 //   DYNAMIC_TENSOR memset(accumulator) -> amax pass (atomicMax) -> convert pass. The accumulator is
 //                  the caller's workspace, or, without one, `scale` itself followed by a one-thread
 //                  pass that turns the amax into the scale. No host sync, no allocation: capturable.
@@ -52,6 +55,12 @@ constexpr int kMaxTokenThreads = 1024;
 // 4.13, 384 rows 8.43 / 9.03.
 constexpr int64_t kFewestVecsBytesPerSm = 52 * 1024;  // below: the fewest vectors that fit
 constexpr int64_t kTwoVecsBytesPerSm = 72 * 1024;     // below: at most two
+// The per-group row kernel keeps two vectors per thread longer (no block barrier to amortise; H100,
+// bench/results/quantize_group_row_kernel_trial_h100.log, bf16 groups of 128, one / two / four vectors per thread):
+// 1024 x 7168 (111 KB per SM) 12.18 / 11.93 / 12.55 us, 4096 x 2048 (127 KB) 12.53 / 12.26 / 13.75,
+// 4096 x 7168 (445 KB) 43.58 / 39.72 / 37.99; below 52 KB one is fastest as per token (16 and 256 x
+// 7168: 1.86 / 2.29 / 3.17 and 3.99 / 5.42 / 5.63).
+constexpr int64_t kGroupTwoVecsBytesPerSm = 240 * 1024;
 
 template <int QD>
 struct QTraits;
@@ -420,27 +429,25 @@ __global__ void __launch_bounds__(kMaxPipelinedThreads)
   }
 }
 
-// DYNAMIC_GROUP: one scale per `group` consecutive columns of a row (the last group of a row may be
-// shorter), written to scales[r * ld_scale + g]. LANES lanes of a warp share a group: each takes its
-// vectors lane, lane + LANES, ... of the group, keeps up to kCacheVecs of them in registers while the
-// group's amax is reduced over those lanes (shuffles), then scales and stores them. The host gives a
-// group as few lanes as hold it in kCacheVecs vectors each (bf16, 128: 4 lanes of 4 vectors), so
-// each thread has four loads in flight and the per-thread index arithmetic is spread over 64 bytes:
-// with one vector per lane (16 lanes) the H100 moved 1.44 TB/s at 8192 x 7168. Vectors never
-// straddle a group boundary: the host takes the 16-byte path only where VEC divides the group and
-// the columns.
+// DYNAMIC_GROUP where per_row_group_kernel does not apply (a group of more than 32 16-byte vectors or
+// of a count that is not a power of two, and the scalar path): one scale per `group` consecutive
+// columns of a row (the last group of a row may be shorter), written to scales[r * ld_scale + g].
+// The kGroupLanes lanes of a warp share a group: each takes its vectors lane, lane + kGroupLanes, ...
+// of the group, keeps up to kCacheVecs of them in registers while the group's amax is reduced over
+// the warp (shuffles), then scales and stores them. Vectors never straddle a group boundary: the host
+// takes the 16-byte path only where VEC divides the group and the columns.
 // kSiluMul as per_token_kernel's: a row of x is [gate | up], `cols` columns each.
-template <typename T, int VEC, int QD, int LANES, bool kSiluMul>
+constexpr int kGroupLanes = 32;
+template <typename T, int VEC, int QD, bool kSiluMul>
 __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
                                                         int64_t ldq, float* __restrict__ scales, int64_t ld_scale,
                                                         int64_t rows, int64_t cols, int64_t group,
                                                         const int64_t* __restrict__ gather, int64_t x_rows) {
-  static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: a power of two up to 32");
   enter_dependent_grid();
   const int64_t groups_per_row = qb::cdiv(cols, group);
   const int64_t groups = rows * groups_per_row;
-  const int64_t gid = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LANES;
-  const int lane = threadIdx.x % LANES;
+  const int64_t gid = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kGroupLanes;
+  const int lane = threadIdx.x % kGroupLanes;
   // A group index past the end still takes part in the shuffles (all lanes of a warp must), with no data.
   const bool live = gid < groups;
   int64_t r = 0;
@@ -458,16 +465,16 @@ __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x,
   float m = 0.0f;
 #pragma unroll
   for (int i = 0; i < kCacheVecs; ++i) {
-    const int64_t idx = lane + int64_t(i) * LANES;
+    const int64_t idx = lane + int64_t(i) * kGroupLanes;
     if (idx < nvec) {
       cache[i] = load_src<T, VEC, kSiluMul, true>(xg, idx, up);
       m = vec_amax<T, VEC>(cache[i], m);
     }
   }
-  for (int64_t idx = lane + int64_t(kCacheVecs) * LANES; idx < nvec; idx += LANES)
+  for (int64_t idx = lane + int64_t(kCacheVecs) * kGroupLanes; idx < nvec; idx += kGroupLanes)
     m = vec_amax<T, VEC>(load_src<T, VEC, kSiluMul, false>(xg, idx, up), m);
 #pragma unroll
-  for (int o = LANES / 2; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o, LANES));
+  for (int o = kGroupLanes / 2; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o));
   if (!live) return;
 
   const float scale = poison_if(bad, scale_from_amax<QD>(m, nullptr));
@@ -475,15 +482,84 @@ __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x,
   const Divisor div = make_divisor(scale);
 #pragma unroll
   for (int i = 0; i < kCacheVecs; ++i) {
-    const int64_t idx = lane + int64_t(i) * LANES;
+    const int64_t idx = lane + int64_t(i) * kGroupLanes;
     if (idx < nvec) vec_store<T, VEC, QD>(cache[i], div, qg + idx * VEC);
   }
-  for (int64_t idx = lane + int64_t(kCacheVecs) * LANES; idx < nvec; idx += LANES)
+  for (int64_t idx = lane + int64_t(kCacheVecs) * kGroupLanes; idx < nvec; idx += kGroupLanes)
     vec_store<T, VEC, QD>(load_src<T, VEC, kSiluMul, false>(xg, idx, up), div, qg + idx * VEC);
 }
 
-// Tuning/tests (qb_quantize_override): -1 automatic, 0 one block per row, 1 persistent pipelined;
-// vectors per thread of the block-per-row kernel, 0 automatic.
+// Max over an aligned run of `width` lanes (a power of two up to 32), NaN winning; every lane of the
+// warp must take part.
+__device__ __forceinline__ float lanes_max(float m, int width) {
+  for (int o = width >> 1; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+// DYNAMIC_GROUP for groups of 2^group_log2 vectors, at most 32 (bf16 / fp16 groups of 128 columns
+// are 16 vectors, of 64 are 8): per_token_kernel's layout, block r owning row r and thread t its
+// vectors t, t + blockDim, ..., so that a warp's load reads 32 consecutive vectors (512 bytes) and its
+// store writes 32 consecutive outputs. blockDim is a multiple of 32, so the lanes holding one
+// group's vectors in one load are an aligned run of a warp: the group's amax is a shuffle reduction
+// over that run (no block barrier), and each of a thread's VECS vectors has its own group, scale and
+// divisor. Vectors past the register cache (rows over VECS * blockDim vectors) are quantized one
+// block-width step at a time; a step holds whole groups, so nothing is read twice.
+// kSiluMul as per_token_kernel's.
+template <typename T, int VEC, int QD, int VECS, bool kSiluMul>
+__global__ void __launch_bounds__(kMaxTokenThreads)
+    per_row_group_kernel(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q, int64_t ldq,
+                         float* __restrict__ scales, int64_t ld_scale, int64_t nvec, int group_log2,
+                         const int64_t* __restrict__ gather, int64_t x_rows) {
+  enter_dependent_grid();
+  const int64_t r = blockIdx.x;
+  bool bad;
+  const auto* xr = reinterpret_cast<const Vec<T, VEC>*>(x + source_row(gather, r, x_rows, bad) * ldx);
+  uint8_t* qr = q + r * ldq;
+  float* sr = scales + r * ld_scale;
+  const int width = 1 << group_log2;
+
+  Vec<T, VEC> cache[VECS];
+  float m[VECS];
+#pragma unroll
+  for (int i = 0; i < VECS; ++i) {
+    const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
+    m[i] = 0.0f;
+    if (idx < nvec) {
+      cache[i] = load_src<T, VEC, kSiluMul, true>(xr, idx, nvec);
+      m[i] = vec_amax<T, VEC>(cache[i], 0.0f);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < VECS; ++i) m[i] = lanes_max(m[i], width);
+#pragma unroll
+  for (int i = 0; i < VECS; ++i) {
+    const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
+    if (idx < nvec) {
+      const float scale = poison_if(bad, scale_from_amax<QD>(m[i], nullptr));
+      if ((idx & (width - 1)) == 0) sr[idx >> group_log2] = scale;
+      vec_store<T, VEC, QD>(cache[i], make_divisor(scale), qr + idx * VEC);
+    }
+  }
+  for (int64_t base = int64_t(VECS) * blockDim.x; base < nvec; base += blockDim.x) {  // uniform over the block
+    const int64_t idx = base + threadIdx.x;
+    Vec<T, VEC> v;
+    float mv = 0.0f;
+    if (idx < nvec) {
+      v = load_src<T, VEC, kSiluMul, true>(xr, idx, nvec);
+      mv = vec_amax<T, VEC>(v, 0.0f);
+    }
+    mv = lanes_max(mv, width);
+    if (idx < nvec) {
+      const float scale = poison_if(bad, scale_from_amax<QD>(mv, nullptr));
+      if ((idx & (width - 1)) == 0) sr[idx >> group_log2] = scale;
+      vec_store<T, VEC, QD>(v, make_divisor(scale), qr + idx * VEC);
+    }
+  }
+}
+
+// Tuning/tests (qb_quantize_override): -1 automatic, 0 one block per row, 1 persistent pipelined
+// (per token), 2 the warp-per-group kernel (per group, where the block-per-row one would run);
+// vectors per thread of the block-per-row kernels, 0 automatic.
 thread_local int t_token_kernel = -1;
 thread_local int t_row_vecs = 0;
 
@@ -493,12 +569,13 @@ int64_t token_threads(int64_t nvec, int vecs) {
   return std::min<int64_t>(kMaxTokenThreads, std::max<int64_t>(32, qb::cdiv(qb::cdiv(nvec, vecs), 32) * 32));
 }
 
-// 16-byte vectors per thread of the block-per-row kernel (1, 2 or kCacheVecs) for rows of nvec
-// vectors: see kFewestVecsBytesPerSm.
-int row_vecs(int64_t rows, int64_t nvec, int sm_count) {
+// 16-byte vectors per thread of the block-per-row kernels (1, 2 or kCacheVecs) for rows of nvec
+// vectors: see kFewestVecsBytesPerSm. two_vecs_bytes: below it at most two (kTwoVecsBytesPerSm per
+// token, kGroupTwoVecsBytesPerSm per group).
+int row_vecs(int64_t rows, int64_t nvec, int sm_count, int64_t two_vecs_bytes = kTwoVecsBytesPerSm) {
   if (t_row_vecs > 0) return t_row_vecs >= kCacheVecs ? kCacheVecs : t_row_vecs >= 2 ? 2 : 1;
   const int64_t bytes_per_sm = rows * nvec * 16 / std::max(sm_count, 1);
-  int vecs = bytes_per_sm < kFewestVecsBytesPerSm ? 1 : bytes_per_sm < kTwoVecsBytesPerSm ? 2 : kCacheVecs;
+  int vecs = bytes_per_sm < kFewestVecsBytesPerSm ? 1 : bytes_per_sm < two_vecs_bytes ? 2 : kCacheVecs;
   while (vecs < kCacheVecs && qb::cdiv(nvec, vecs) > kMaxTokenThreads) vecs *= 2;  // the row must fit one block
   return vecs;
 }
@@ -614,17 +691,32 @@ int launch(const QuantArgs& a, const qb::Err& err) {
   const unsigned grid_ew = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(qb::cdiv(total, threads), grid_cap)));
 
   if (a.mode == QB_QUANT_DYNAMIC_GROUP) {
-    // Lanes per group: as few as hold the group in kCacheVecs vectors each, 4 to 32 (wider groups
-    // re-read their vectors past the register cache).
-    const int64_t group_vecs = qb::cdiv(a.group, int64_t(VEC));
-    const int lanes = group_vecs <= 4 * kCacheVecs ? 4 : group_vecs <= 8 * kCacheVecs ? 8
-                      : group_vecs <= 16 * kCacheVecs ? 16 : 32;
-    auto kernel = lanes == 4    ? per_group_kernel<T, VEC, QD, 4, kSiluMul>
-                  : lanes == 8  ? per_group_kernel<T, VEC, QD, 8, kSiluMul>
-                  : lanes == 16 ? per_group_kernel<T, VEC, QD, 16, kSiluMul>
-                                : per_group_kernel<T, VEC, QD, 32, kSiluMul>;
+    // Groups of a power-of-two number of vectors up to 32 (the 16-byte path at the usual group sizes):
+    // one block per row, its vectors per thread chosen as the per-token kernel's.
+    const int64_t group_vecs = a.group / VEC;
+    if constexpr (VEC > 1) {
+      const bool row_kernel = group_vecs <= 32 && (group_vecs & (group_vecs - 1)) == 0 &&
+                              a.rows <= 0x7fffffffLL && t_token_kernel != 2;
+      if (row_kernel) {
+        int log2 = 0;
+        while ((int64_t(1) << log2) < group_vecs) ++log2;
+        const int vecs = row_vecs(a.rows, nvec, a.sm_count, kGroupTwoVecsBytesPerSm);
+        auto kernel = per_row_group_kernel<T, VEC, QD, kCacheVecs, kSiluMul>;
+        if (vecs == 1) kernel = per_row_group_kernel<T, VEC, QD, 1, kSiluMul>;
+        if (vecs == 2) kernel = per_row_group_kernel<T, VEC, QD, 2, kSiluMul>;
+        cudaError_t e = launch_kernel(kernel, static_cast<unsigned>(a.rows), static_cast<int>(token_threads(nvec, vecs)),
+                                      a, x, a.ldx, a.q, a.ldq, a.scale, a.ld_scale, nvec, log2, a.gather, a.x_rows);
+        if (e != cudaSuccess)
+          return err.cuda(e, kSiluMul ? "qb_quantize_silu_mul: kernel launch" : "qb_quantize_group: kernel launch");
+        e = cudaGetLastError();
+        if (e != cudaSuccess) return err.cuda(e, "qb_quantize_group: kernel launch");
+        return QB_OK;
+      }
+    }
+    // Otherwise a warp per group.
+    auto kernel = per_group_kernel<T, VEC, QD, kSiluMul>;
     const int64_t groups = a.rows * qb::cdiv(a.cols, a.group);
-    const unsigned grid = static_cast<unsigned>(qb::cdiv(groups * lanes, int64_t(threads)));
+    const unsigned grid = static_cast<unsigned>(qb::cdiv(groups * kGroupLanes, int64_t(threads)));
     cudaError_t e = launch_kernel(kernel, grid, threads, a, x, a.ldx, a.q, a.ldq, a.scale, a.ld_scale, a.rows,
                                   a.cols, a.group, a.gather, a.x_rows);
     if (e != cudaSuccess)

@@ -269,10 +269,11 @@ int qb_quantize_silu_mul(const void* x, int64_t ldx, void* q, int64_t ldq, float
                          int64_t rows, int64_t cols, int64_t group, int x_dtype, int q_dtype, void* stream,
                          char* err, size_t err_len);
 
-/* Tuning and tests only: for the calling thread's later DYNAMIC_TOKEN calls, force the kernel
- * (token_kernel: -1 automatic, 0 one block per row, 1 persistent row-pipelined where the row fits)
- * and the one-block-per-row kernel's 16-byte vectors per thread (row_vecs: 0 automatic; 1, 2 or 4, and 3
- * runs as 2; the scalar path for unaligned rows always takes 4).
+/* Tuning and tests only: for the calling thread's later dynamic quantize calls, force the kernel
+ * (token_kernel: -1 automatic; per token, 0 one block per row and 1 persistent row-pipelined where
+ * the row fits; per group, 2 the warp-per-group kernel where a block per row would run) and the
+ * block-per-row kernels' 16-byte vectors per thread (row_vecs: 0 automatic; 1, 2 or 4, and 3 runs
+ * as 2; the scalar path for unaligned rows always takes 4).
  * Every choice gives identical results. */
 void qb_quantize_override(int token_kernel, int row_vecs);
 

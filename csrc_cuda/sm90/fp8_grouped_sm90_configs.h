@@ -9,7 +9,10 @@
 //   narrow tile per 128 channels instead of a 128-row tile of padding.
 //   Not kept (H100, bench/results/probe_grouped_sm90_block_trials_h100.txt): block 128 x 128 with the overlapped
 //   consumer loop of the one-GEMM family (x0.93 to x1.01) and with it in 1 x 2 clusters (x0.88 to
-//   x1.07 at 4096 and 16384 tokens: faster on DeepSeek-V3's down layer, slower on gate_up).
+//   x1.07 at 4096 and 16384 tokens: faster on DeepSeek-V3's down layer, slower on gate_up); and
+//   swapped 128 x 64 for 17 to 64 rows per group (bench/results/probe_grouped_sm90_swap64_trial_h100.txt:
+//   at 64 rows per group slower than 128 x 128 on Mixtral, 447 against 359 us and 219 against 177,
+//   and no faster on Qwen3, 172 against 165 and 110 against 108).
 // Each line is instantiated for bf16 and fp16 output (fp8_grouped_sm90_inst_*.cu).
 #pragma once
 

@@ -2,9 +2,9 @@
 operands and against the reference provider: the sm89 family (mma.sync; through its PTX on Hopper)
 and, on compute capability 9.0, the sm90 family (ptr-array TMA + WGMMA).
 
-Every output is poisoned (NaN) before the call and checked NaN-free; each family's two configs for
-the scales at hand (narrow or swapped tiles for few rows per group, 128 x 128 above) are forced in
-turn. Also:
+Every output is poisoned (NaN) before the call and checked NaN-free; each of the family's configs for
+the scales at hand (narrow or swapped tiles for few rows per group, 128 x 128 and wider above) is
+forced in turn. Also:
 malformed offsets (never read on the host) fault nothing and leave rows past the last end NaN, and
 a captured graph follows new routing.
 """

@@ -5,8 +5,9 @@ Each case poisons q (0x7f bytes) and the scales (NaN) first, then compares the b
 bits of every scale (NaN positions included, NaN payloads aside). Shapes cover the 16-byte path
 (cols and group multiples of 8 bf16 / 4 fp32 elements), the scalar path (odd cols, odd offsets, a
 group the vector width does not divide), a shorter last group (K = 7168 + 64), strided rows and
-scale rows, groups wider than one vector per lane, and many rows (the grid holds one thread per
-lane of every group).
+scale rows, groups of one to 64 vectors (the block-per-row kernel takes a power of two up to 32, the
+warp-per-group kernel the rest), rows past the block-per-row kernel's register cache (40960 bf16),
+and many rows. Every kernel choice (forced through quantize_override) gives the same bits.
 """
 
 import pytest
@@ -31,7 +32,10 @@ Q_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8]
 # (rows, cols, group, row stride extra, element offset)
 SHAPES = [(1, 128, 128, 0, 0), (3, 7168, 128, 0, 0), (17, 7232, 128, 0, 0), (5, 7232, 64, 0, 0),
           (33, 4104, 128, 24, 8), (7, 1001, 128, 3, 1), (4, 1000, 100, 0, 0), (2, 4096, 512, 0, 0),
-          (9, 384, 16, 0, 0), (3000, 2048, 128, 0, 0), (2, 96, 128, 0, 0)]
+          (9, 384, 16, 0, 0), (3000, 2048, 128, 0, 0), (2, 96, 128, 0, 0), (5, 264, 8, 0, 0),
+          (3, 4096, 256, 0, 0), (2, 40960, 128, 0, 0), (3, 40960 + 64, 128, 8, 0)]
+# (rows, cols, group): shapes for the kernel-choice test, each choice against the automatic one
+CHOICE_SHAPES = [(1, 7168, 128), (64, 7232, 128), (700, 4096, 64), (2, 40960 + 64, 128), (9, 4096, 256)]
 
 
 def _x(rows, cols, extra, offset, dtype, g):
@@ -65,6 +69,28 @@ def test_bit_exact_against_the_reference(shape, xdtype, qdtype):
     assert s.shape == s_ref.shape == (rows, -(-cols // group))
     same_bits(s, s_ref, "scale")
     same_bits(q, q_ref, "q")
+
+
+@pytest.mark.parametrize("shape", CHOICE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("xdtype", X_DTYPES, ids=str)
+def test_every_kernel_choice_gives_the_same_bits(shape, xdtype):
+    rows, cols, group = shape
+    g = torch.Generator(device=DEV).manual_seed(rows + cols)
+    x = _x(rows, cols, 0, 0, xdtype, g)
+    x[0, 5] = float("nan")
+    x[-1, cols - 3] = float("inf")
+    q_auto, s_auto = _native(x, torch.float8_e4m3fn, group)
+    try:
+        for kernel, vecs in [(-1, 1), (-1, 2), (-1, 4), (2, 0)]:
+            native.quantize_override(kernel, vecs)
+            q, s = _native(x, torch.float8_e4m3fn, group)
+            same_bits(s, s_auto, f"scale, kernel {kernel}, vecs {vecs}")
+            same_bits(q, q_auto, f"q, kernel {kernel}, vecs {vecs}")
+    finally:
+        native.quantize_override()
+    q_ref, s_ref = reference_quantize(x, torch.float8_e4m3fn, "group", None, None, group, None)
+    same_bits(s_auto, s_ref, "scale")
+    same_bits(q_auto, q_ref, "q")
 
 
 @pytest.mark.parametrize("qdtype", Q_DTYPES, ids=str)
