@@ -237,8 +237,10 @@ def test_quant_moe_against_dense(gen, monkeypatch, provider, scheme):
     registry.reload()
     router, w_gate, w_up, w_down = float_experts(gen)
     moe = QuantMoE.from_float(router, w_gate, w_up, w_down, TOP_K, scheme)
-    x = torch.randn(37, H, generator=gen)
-    out = moe(x.to(torch.bfloat16))
+    # The references take the bf16 activations the block takes: routed on the fp32 originals, a token
+    # whose two best router scores nearly tie may pick another expert (one token in a few dozen runs).
+    x = torch.randn(37, H, generator=gen).to(torch.bfloat16)
+    out = moe(x)
     assert out.shape == (37, H) and out.dtype == torch.bfloat16
     g, u, d = dequantized(moe)
     # Against the same weights in fp32, the activations quantized to fp8 twice (about 2^-4 each).
