@@ -496,6 +496,16 @@ __device__ __forceinline__ float lanes_max(float m, int width) {
   return m;
 }
 
+// per_row_group_kernel's last step for vector idx of a row (idx < nvec), its group's amax m already
+// reduced: the scale (written by the group's first lane), then the quantized vector.
+template <typename T, int VEC, int QD>
+__device__ __forceinline__ void store_group_vec(const Vec<T, VEC>& v, float m, int64_t idx, int group_log2, bool bad,
+                                                float* sr, uint8_t* qr) {
+  const float scale = poison_if(bad, scale_from_amax<QD>(m, nullptr));
+  if ((idx & ((int64_t(1) << group_log2) - 1)) == 0) sr[idx >> group_log2] = scale;
+  vec_store<T, VEC, QD>(v, make_divisor(scale), qr + idx * VEC);
+}
+
 // DYNAMIC_GROUP for groups of 2^group_log2 vectors, at most 32 (bf16 / fp16 groups of 128 columns
 // are 16 vectors, of 64 are 8): per_token_kernel's layout, block r owning row r and thread t its
 // vectors t, t + blockDim, ..., so that a warp's load reads 32 consecutive vectors (512 bytes) and its
@@ -534,11 +544,7 @@ __global__ void __launch_bounds__(kMaxTokenThreads)
 #pragma unroll
   for (int i = 0; i < VECS; ++i) {
     const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
-    if (idx < nvec) {
-      const float scale = poison_if(bad, scale_from_amax<QD>(m[i], nullptr));
-      if ((idx & (width - 1)) == 0) sr[idx >> group_log2] = scale;
-      vec_store<T, VEC, QD>(cache[i], make_divisor(scale), qr + idx * VEC);
-    }
+    if (idx < nvec) store_group_vec<T, VEC, QD>(cache[i], m[i], idx, group_log2, bad, sr, qr);
   }
   for (int64_t base = int64_t(VECS) * blockDim.x; base < nvec; base += blockDim.x) {  // uniform over the block
     const int64_t idx = base + threadIdx.x;
@@ -549,11 +555,7 @@ __global__ void __launch_bounds__(kMaxTokenThreads)
       mv = vec_amax<T, VEC>(v, 0.0f);
     }
     mv = lanes_max(mv, width);
-    if (idx < nvec) {
-      const float scale = poison_if(bad, scale_from_amax<QD>(mv, nullptr));
-      if ((idx & (width - 1)) == 0) sr[idx >> group_log2] = scale;
-      vec_store<T, VEC, QD>(v, make_divisor(scale), qr + idx * VEC);
-    }
+    if (idx < nvec) store_group_vec<T, VEC, QD>(v, mv, idx, group_log2, bad, sr, qr);
   }
 }
 
@@ -694,31 +696,27 @@ int launch(const QuantArgs& a, const qb::Err& err) {
     // Groups of a power-of-two number of vectors up to 32 (the 16-byte path at the usual group sizes):
     // one block per row, its vectors per thread chosen as the per-token kernel's.
     const int64_t group_vecs = a.group / VEC;
+    cudaError_t e = cudaSuccess;
+    bool by_row = false;
     if constexpr (VEC > 1) {
-      const bool row_kernel = group_vecs <= 32 && (group_vecs & (group_vecs - 1)) == 0 &&
-                              a.rows <= 0x7fffffffLL && t_token_kernel != 2;
-      if (row_kernel) {
-        int log2 = 0;
-        while ((int64_t(1) << log2) < group_vecs) ++log2;
+      by_row = group_vecs <= 32 && (group_vecs & (group_vecs - 1)) == 0 && a.rows <= 0x7fffffffLL &&
+               t_token_kernel != 2;
+      if (by_row) {
         const int vecs = row_vecs(a.rows, nvec, a.sm_count, kGroupTwoVecsBytesPerSm);
         auto kernel = per_row_group_kernel<T, VEC, QD, kCacheVecs, kSiluMul>;
         if (vecs == 1) kernel = per_row_group_kernel<T, VEC, QD, 1, kSiluMul>;
         if (vecs == 2) kernel = per_row_group_kernel<T, VEC, QD, 2, kSiluMul>;
-        cudaError_t e = launch_kernel(kernel, static_cast<unsigned>(a.rows), static_cast<int>(token_threads(nvec, vecs)),
-                                      a, x, a.ldx, a.q, a.ldq, a.scale, a.ld_scale, nvec, log2, a.gather, a.x_rows);
-        if (e != cudaSuccess)
-          return err.cuda(e, kSiluMul ? "qb_quantize_silu_mul: kernel launch" : "qb_quantize_group: kernel launch");
-        e = cudaGetLastError();
-        if (e != cudaSuccess) return err.cuda(e, "qb_quantize_group: kernel launch");
-        return QB_OK;
+        const int group_log2 = __builtin_ctzll(static_cast<unsigned long long>(group_vecs));
+        e = launch_kernel(kernel, static_cast<unsigned>(a.rows), static_cast<int>(token_threads(nvec, vecs)), a, x,
+                          a.ldx, a.q, a.ldq, a.scale, a.ld_scale, nvec, group_log2, a.gather, a.x_rows);
       }
     }
-    // Otherwise a warp per group.
-    auto kernel = per_group_kernel<T, VEC, QD, kSiluMul>;
-    const int64_t groups = a.rows * qb::cdiv(a.cols, a.group);
-    const unsigned grid = static_cast<unsigned>(qb::cdiv(groups * kGroupLanes, int64_t(threads)));
-    cudaError_t e = launch_kernel(kernel, grid, threads, a, x, a.ldx, a.q, a.ldq, a.scale, a.ld_scale, a.rows,
-                                  a.cols, a.group, a.gather, a.x_rows);
+    if (!by_row) {  // otherwise a warp per group
+      const int64_t groups = a.rows * qb::cdiv(a.cols, a.group);
+      const unsigned grid = static_cast<unsigned>(qb::cdiv(groups * kGroupLanes, int64_t(threads)));
+      e = launch_kernel(per_group_kernel<T, VEC, QD, kSiluMul>, grid, threads, a, x, a.ldx, a.q, a.ldq, a.scale,
+                        a.ld_scale, a.rows, a.cols, a.group, a.gather, a.x_rows);
+    }
     if (e != cudaSuccess)
       return err.cuda(e, kSiluMul ? "qb_quantize_silu_mul: kernel launch" : "qb_quantize_group: kernel launch");
   } else if (a.mode == QB_QUANT_DYNAMIC_TOKEN) {
