@@ -30,7 +30,7 @@ def test_sm90_configs_are_listed_once_each():
 
 
 # (M, N, K) -> (config, decomposition, splits, swizzle) of the automatic choice on 132 SMs, as
-# fp8_sm90_dispatch.cu and docs/performance.md describe it. None: not checked.
+# fp8_sm90_dispatch.cu and bench/results/performance_history.md describe it. None: not checked.
 SM90_AUTO = [
     # the small-M kernel: config, 0, CTAs per cluster, tiles per CTA before the cluster's shared one
     ((1, 4096, 4096), ("stream_64", 0, 1, 0)),         # 64-row tiles, one per CTA
