@@ -108,16 +108,26 @@ __device__ __forceinline__ void enter_dependent_grid() {
 struct Divisor {
   float s, r;
   bool fast;
-  __device__ __forceinline__ float operator()(float x) const {
+  // fast, and every x it will divide is finite with |x| <= the amax the scale was made from
+  // (a dynamic scale without scale_ub): each quotient is then at most about qmax, so the range
+  // check and the NaN handling per element can go (vec_store).
+  bool bounded;
+  __device__ __forceinline__ float quotient(float x) const {  // the 4-instruction form alone
     const float q0 = __fmul_rn(x, r);
-    if (fast && fabsf(q0) < 0x1p60f) return copysignf(__fmaf_rn(__fmaf_rn(-q0, s, x), r, q0), q0);
+    return copysignf(__fmaf_rn(__fmaf_rn(-q0, s, x), r, q0), q0);
+  }
+  __device__ __forceinline__ float operator()(float x) const {
+    if (fast && fabsf(__fmul_rn(x, r)) < 0x1p60f) return quotient(x);
     return __fdiv_rn(x, s);
   }
 };
 
-__device__ __forceinline__ Divisor make_divisor(float s) {
+// from_own_amax: s came from the unclamped amax of the very values it will divide (a NaN or inf
+// among them makes s non-finite, so `fast`, and with it `bounded`, is false).
+__device__ __forceinline__ Divisor make_divisor(float s, bool from_own_amax = false) {
   const float a = fabsf(s);
-  return Divisor{s, __frcp_rn(s), a >= 0x1p-60f && a <= 0x1p60f};  // fast is false for NaN
+  const bool fast = a >= 0x1p-60f && a <= 0x1p60f;  // false for NaN
+  return Divisor{s, __frcp_rn(s), fast, fast && from_own_amax};
 }
 
 // The byte every NaN quantizes to: the positive NaN of e4m3fn and e5m2 (what torch writes for a
@@ -130,10 +140,10 @@ __device__ __forceinline__ uint8_t nan_byte() {
 // One element, already divided: saturate and convert to the storage byte of the quantized type.
 // fp8: the .satfinite conversion maps every finite value beyond qmax to +-qmax, which is exactly
 // what clamping to [-qmax, qmax] before rounding gives; a NaN is written as nan_byte (the
-// conversion's own NaN may carry the input's sign or another payload).
-template <int QD>
+// conversion's own NaN may carry the input's sign or another payload). kFinite: v is known finite.
+template <int QD, bool kFinite = false>
 __device__ __forceinline__ uint8_t quantize_one(float v) {
-  if (isnan(v)) return nan_byte<QD>();
+  if (!kFinite && isnan(v)) return nan_byte<QD>();
   if constexpr (QD == QB_I8) {
     v = rintf(v);  // round half to even, like torch.round
     v = fminf(fmaxf(v, -128.0f), 127.0f);
@@ -144,13 +154,14 @@ __device__ __forceinline__ uint8_t quantize_one(float v) {
 }
 
 // Two elements at once (one cvt instruction for fp8 pairs on sm_89+).
-template <int QD>
+template <int QD, bool kFinite = false>
 __device__ __forceinline__ uint16_t quantize_two(float a, float b) {
   if constexpr (QD == QB_I8) {
-    return static_cast<uint16_t>(quantize_one<QD>(a) | (uint16_t(quantize_one<QD>(b)) << 8));
+    return static_cast<uint16_t>(quantize_one<QD, kFinite>(a) | (uint16_t(quantize_one<QD, kFinite>(b)) << 8));
   } else {
     uint16_t two = static_cast<uint16_t>(
         __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, QD == QB_E4M3 ? __NV_E4M3 : __NV_E5M2));
+    if (kFinite) return two;
     if (isnan(a)) two = static_cast<uint16_t>((two & 0xFF00u) | nan_byte<QD>());
     if (isnan(b)) two = static_cast<uint16_t>((two & 0x00FFu) | (nan_byte<QD>() << 8));
     return two;
@@ -179,7 +190,12 @@ __device__ __forceinline__ float scale_from_amax(float amax, const float* scale_
     amax = isnan(ub) ? ub : (amax > ub ? ub : amax);
   }
   const float min_scale = 1.0f / (qmax * 512.0f);  // constant-folded, exact fp32 rounding of 1/(qmax*512)
-  const float s = __fdiv_rn(amax, qmax);
+  // amax / qmax by Divisor's 4-instruction form (r = RN(1/qmax), constant-folded). Checked against
+  // the IEEE division for every finite non-negative fp32 amax and qmax = 448, 57344, 127: equal
+  // wherever the quotient is at least 2^-40; below, it is clamped to min_scale either way.
+  // inf and NaN take the division.
+  const Divisor by_qmax{qmax, 1.0f / qmax, true, true};
+  const float s = amax < INFINITY ? by_qmax.quotient(amax) : __fdiv_rn(amax, qmax);
   return s < min_scale ? min_scale : s;
 }
 
@@ -257,6 +273,13 @@ __device__ __forceinline__ void vec_store(const Vec<T, VEC>& x, const Divisor& d
   QVec<VEC> q;
   if constexpr (VEC == 1) {
     q.v[0] = quantize_one<QD>(div(to_f32(x.v[0])));
+  } else if (div.bounded) {  // uniform over the block: one branch per vector, not per element
+#pragma unroll
+    for (int j = 0; j < VEC; j += 2) {
+      const uint16_t two = quantize_two<QD, true>(div.quotient(to_f32(x.v[j])), div.quotient(to_f32(x.v[j + 1])));
+      q.v[j] = static_cast<uint8_t>(two);
+      q.v[j + 1] = static_cast<uint8_t>(two >> 8);
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < VEC; j += 2) {
@@ -365,7 +388,7 @@ __global__ void __launch_bounds__(kMaxTokenThreads) per_token_kernel(const T* __
 
   const float scale = poison_if(bad, scale_from_amax<QD>(block_max(m, red), scale_ub));
   if (threadIdx.x == 0) scales[r] = scale;
-  const Divisor div = make_divisor(scale);
+  const Divisor div = make_divisor(scale, scale_ub == nullptr);
 
 #pragma unroll
   for (int i = 0; i < VECS; ++i) {
@@ -416,7 +439,7 @@ __global__ void __launch_bounds__(kMaxPipelinedThreads)
       m = vec_amax<T, VEC>(xr[idx], m);
     const float scale = scale_from_amax<QD>(block_max(m, red[parity]), scale_ub);
     if (threadIdx.x == 0) scales[r] = scale;
-    const Divisor div = make_divisor(scale);
+    const Divisor div = make_divisor(scale, scale_ub == nullptr);
 #pragma unroll
     for (int i = 0; i < kCacheVecs; ++i) {
       const int64_t idx = threadIdx.x + int64_t(i) * blockDim.x;
@@ -479,7 +502,7 @@ __global__ void __launch_bounds__(256) per_group_kernel(const T* __restrict__ x,
 
   const float scale = poison_if(bad, scale_from_amax<QD>(m, nullptr));
   if (lane == 0) scales[r * ld_scale + g] = scale;
-  const Divisor div = make_divisor(scale);
+  const Divisor div = make_divisor(scale, true);
 #pragma unroll
   for (int i = 0; i < kCacheVecs; ++i) {
     const int64_t idx = lane + int64_t(i) * kGroupLanes;
@@ -503,7 +526,7 @@ __device__ __forceinline__ void store_group_vec(const Vec<T, VEC>& v, float m, i
                                                 float* sr, uint8_t* qr) {
   const float scale = poison_if(bad, scale_from_amax<QD>(m, nullptr));
   if ((idx & ((int64_t(1) << group_log2) - 1)) == 0) sr[idx >> group_log2] = scale;
-  vec_store<T, VEC, QD>(v, make_divisor(scale), qr + idx * VEC);
+  vec_store<T, VEC, QD>(v, make_divisor(scale, true), qr + idx * VEC);
 }
 
 // DYNAMIC_GROUP for groups of 2^group_log2 vectors, at most 32 (bf16 / fp16 groups of 128 columns
@@ -616,7 +639,7 @@ __global__ void __launch_bounds__(256) elementwise_kernel(const T* __restrict__ 
   } else {
     scale = checked_static_scale(*scale_in);
   }
-  const Divisor div = make_divisor(scale);
+  const Divisor div = make_divisor(scale, kDynamic && scale_ub == nullptr);
   const int64_t total = rows * nvec;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / nvec, c = i - r * nvec;
