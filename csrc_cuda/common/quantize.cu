@@ -104,7 +104,8 @@ __device__ __forceinline__ void enter_dependent_grid() {
 // __fdiv_rn. Below 2^-40 the correction may be off by an ulp, but such a quotient is far below half
 // the smallest fp8 / int8 step, so only its sign matters, and copysign keeps it (q0 has the exact
 // quotient's sign; a zero q1 could otherwise come out +0 for a negative x). Checked against x / s on
-// 4.7e8 random pairs on the CPU, and bit-exact against torch in tests/gpu/test_native_quantize.py.
+// random pairs on the CPU (tests/test_quantize_division.py), and bit-exact against torch in
+// tests/gpu/test_native_quantize.py.
 struct Divisor {
   float s, r;
   bool fast;
@@ -192,7 +193,8 @@ __device__ __forceinline__ float scale_from_amax(float amax, const float* scale_
   const float min_scale = 1.0f / (qmax * 512.0f);  // constant-folded, exact fp32 rounding of 1/(qmax*512)
   // amax / qmax by Divisor's 4-instruction form (r = RN(1/qmax), constant-folded). Checked against
   // the IEEE division for every finite non-negative fp32 amax and qmax = 448, 57344, 127: equal
-  // wherever the quotient is at least 2^-40; below, it is clamped to min_scale either way.
+  // wherever the quotient is at least 2^-40 (tests/test_quantize_division.py); below, it is
+  // clamped to min_scale either way.
   // inf and NaN take the division.
   const Divisor by_qmax{qmax, 1.0f / qmax, true, true};
   const float s = amax < INFINITY ? by_qmax.quotient(amax) : __fdiv_rn(amax, qmax);
