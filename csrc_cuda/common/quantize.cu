@@ -162,7 +162,7 @@ __device__ __forceinline__ uint16_t quantize_two(float a, float b) {
   } else {
     uint16_t two = static_cast<uint16_t>(
         __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, QD == QB_E4M3 ? __NV_E4M3 : __NV_E5M2));
-    if (kFinite) return two;
+    if constexpr (kFinite) return two;
     if (isnan(a)) two = static_cast<uint16_t>((two & 0xFF00u) | nan_byte<QD>());
     if (isnan(b)) two = static_cast<uint16_t>((two & 0x00FFu) | (nan_byte<QD>() << 8));
     return two;
@@ -270,25 +270,26 @@ __device__ __forceinline__ float vec_amax(const Vec<T, VEC>& x, float m) {
   return m;
 }
 
+// The pairs of a vector, each element divided by `divide`, into q (kFinite: as quantize_two's).
+template <int QD, bool kFinite, typename T, int VEC, typename Divide>
+__device__ __forceinline__ void quantize_pairs(const Vec<T, VEC>& x, Divide divide, QVec<VEC>& q) {
+#pragma unroll
+  for (int j = 0; j < VEC; j += 2) {
+    const uint16_t two = quantize_two<QD, kFinite>(divide(to_f32(x.v[j])), divide(to_f32(x.v[j + 1])));
+    q.v[j] = static_cast<uint8_t>(two);
+    q.v[j + 1] = static_cast<uint8_t>(two >> 8);
+  }
+}
+
 template <typename T, int VEC, int QD>
 __device__ __forceinline__ void vec_store(const Vec<T, VEC>& x, const Divisor& div, uint8_t* dst) {
   QVec<VEC> q;
   if constexpr (VEC == 1) {
     q.v[0] = quantize_one<QD>(div(to_f32(x.v[0])));
   } else if (div.bounded) {  // uniform over the block: one branch per vector, not per element
-#pragma unroll
-    for (int j = 0; j < VEC; j += 2) {
-      const uint16_t two = quantize_two<QD, true>(div.quotient(to_f32(x.v[j])), div.quotient(to_f32(x.v[j + 1])));
-      q.v[j] = static_cast<uint8_t>(two);
-      q.v[j + 1] = static_cast<uint8_t>(two >> 8);
-    }
+    quantize_pairs<QD, true>(x, [&](float v) { return div.quotient(v); }, q);
   } else {
-#pragma unroll
-    for (int j = 0; j < VEC; j += 2) {
-      const uint16_t two = quantize_two<QD>(div(to_f32(x.v[j])), div(to_f32(x.v[j + 1])));
-      q.v[j] = static_cast<uint8_t>(two);
-      q.v[j + 1] = static_cast<uint8_t>(two >> 8);
-    }
+    quantize_pairs<QD, false>(x, div, q);
   }
   store_once(reinterpret_cast<QVec<VEC>*>(dst), q);
 }

@@ -2,7 +2,7 @@
  * with r = RN(1/s) and q0 = RN(x r), q1 = RN(q0 + RN(x - q0 s) r) (both steps fused multiply-adds),
  * its sign taken from q0. The quantize kernels rely on two facts about it, checked here:
  *
- *   qmax A B     every finite non-negative fp32 a: q1(a, qmax) equals a / qmax wherever a / qmax is at
+ *   qmax Q       every finite non-negative fp32 a: q1(a, qmax) equals a / qmax wherever a / qmax is at
  *                least 2^-40 (scale_from_amax; smaller scales are clamped to min_scale either way).
  *                Prints the number of mismatches at quotients >= 2^-40 (must be 0).
  *   random N     N random pairs (x, s), s within [2^-60, 2^60], |q0| within [2^-40, 2^60) (Divisor's
